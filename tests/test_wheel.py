@@ -468,6 +468,31 @@ def tampered(src: Path, dest_dir: Path, changes: dict[str, bytes | None]) -> Pat
     return out
 
 
+@pytest.mark.parametrize("where", ["evil.pth", "{data}/purelib/evil.pth", "{data}/platlib/evil.pth",
+                                   "{data}/scripts/sglang-evil", "{data}/data/bin/python3"])
+def test_verify_without_authenticity_refuses_a_member_run_at_install_or_start(patched, tmp_path: Path, where: str):
+    """Helper 170: `verify-wheel --no-authenticity` (RECORD recomputed) passed a wheel with a `.pth` at the root (Python
+    runs its `import` lines at every start), in `.data/purelib`, or a `.data/scripts` program, saying only
+    "authenticity NOT checked". No sglang release wheel has one, and without upstream's wheel nothing vouches for it:
+    refused, named (authenticity refuses it as "not in upstream's")."""
+    name = where.format(data=f"sglang-{patched.version}.data")
+    bad = tampered(Path(patched.wheel), tmp_path, {name: b"import os; os.system('id')\n"})
+    verify_fails(bad, f"{name}: a .pth at site-packages' root runs at every Python start", "--no-authenticity")
+
+
+def test_verify_without_authenticity_names_what_it_did_not_vouch_for(patched, tmp_path: Path):
+    """Helper 170: an edited entry_points.txt (a console script of the attacker's), RECORD recomputed: without
+    authenticity nothing can check it; `verify-wheel --no-authenticity` said "authenticity NOT checked" and no more.
+    It names the .dist-info files and counts the compiled modules no check vouched for (the JSON lists them)."""
+    dist = f"sglang-{patched.version}.dist-info"
+    bad = tampered(Path(patched.wheel), tmp_path, {f"{dist}/entry_points.txt": b"[console_scripts]\nx = os:system\n"})
+    res = run_cli(["verify-wheel", str(bad), "--no-authenticity"])
+    assert res.code == 0 and "nothing proves the files no entry touches are upstream's, among them METADATA, WHEEL, " \
+        "entry_points.txt" in res.text, res.text
+    assert f"{dist}/entry_points.txt" in invoke("verify-wheel", bad, "--no-authenticity").out["unvouched"]
+    verify_fails(bad, f"{dist}/entry_points.txt differs from upstream's")
+
+
 def test_verify_proves_authenticity(patched, wheel_series: Path, upstream_wheel: Path):
     res = invoke("verify-wheel", patched.wheel, "--series", str(wheel_series), "--upstream-wheel", str(upstream_wheel))
     assert res.code == 0, res.err

@@ -58,6 +58,17 @@ def command(wheel: Path, series_dir: Path | None, layer_dirs: tuple[Path, ...], 
         *(f"  + layer {o(layer['name'])} {o(layer['version'])} ({o(str(layer['digest'])[:12])})"
           for layer in result.layers),
         *(f"  {o(row['name'])} ({o(row['kind'])}): present" for row in result.entries),
-        "  authenticity NOT checked (--no-authenticity)" if a is None else
+        f"  authenticity NOT checked (--no-authenticity): nothing proves the files no entry touches are upstream's, "
+        f"among them {_unvouched(result.unvouched)}" if a is None else
         f"  authentic: {a['identical']} files byte-identical to upstream's {a['upstream_wheel']} "
         f"({a['found']}), {a['derived']} made by the declared diffs")
+
+
+def _unvouched(names: list[str]) -> str:
+    """The members authenticity alone vouches for, as one phrase: the .dist-info files by name, compiled modules
+    counted."""
+    from c128patch.textsafe import one_line
+
+    meta = [one_line(n.split(".dist-info/", 1)[1]) for n in names if ".dist-info/" in n]
+    compiled = len(names) - len(meta)
+    return ", ".join([*meta, f"{compiled} compiled module(s)"])

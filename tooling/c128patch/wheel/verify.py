@@ -58,6 +58,8 @@ class VerifyResult:
     authenticity: dict | None = None  # None: not checked (--no-authenticity)
     ok: bool = True
     layers: list[dict] = field(default_factory=list)  # the provenance's layers (name, version, base, digest, entries)
+    unvouched: list[str] = field(default_factory=list)  # without authenticity: the members no check vouched for that
+    # run code (entry points, compiled modules) or describe the install (.dist-info)
 
 
 def _mismatch(wheel: Path, what: str) -> WheelMismatch:
@@ -364,6 +366,25 @@ def _compile(iw: InWheel, names: list[str]) -> int:
     return len(sources)
 
 
+def _code_at_start(iw: InWheel) -> list[str]:
+    """Members that run as the wheel is installed or Python starts, and that no sglang release wheel has: a ``.pth``
+    file where site-packages' root receives it (the wheel's root, its ``.data/purelib`` or ``platlib``), a
+    ``.data/scripts`` program, a ``.data/data`` file (written anywhere under the environment's prefix)."""
+    data = f"{iw.dist_info.removesuffix('.dist-info')}.data/"
+    return [n for n in iw.members() if n.endswith(".pth") and n.count("/") == 0
+            or n.startswith(data) and (n.split("/")[1] in ("scripts", "data") or n.endswith(".pth")
+                                       and n.count("/") == 2)]
+
+
+def _unvouched(iw: InWheel, record: dict) -> list[str]:
+    """What only authenticity vouches for, of what runs code or describes the install: the ``.dist-info`` files (but
+    RECORD, which is checked, and the SBOM) and the compiled modules no entry of ``record`` touches."""
+    own = {f"{iw.dist_info}/RECORD", f"{iw.dist_info}/sboms/{SBOM_NAME}"}
+    touched = {wheel_path(p) for e in record.get("entries", []) for p in e.get("files", [])}
+    return [n for n in iw.members() if n not in own and n not in touched
+            and (n.startswith(f"{iw.dist_info}/") or n.endswith((".so", ".pyd", ".dylib")))]
+
+
 def verify_wheel(wheel: Path, series: Series | None = None, compile_all: bool = False, *, authenticity: bool = False,
                  upstream_wheel: Path | None = None, known: Series | None = None) -> VerifyResult:
     """Every check; authenticity against ``upstream_wheel``, a wheelhouse's, or one downloaded;
@@ -389,9 +410,16 @@ def verify_wheel(wheel: Path, series: Series | None = None, compile_all: bool = 
             rows, compiled = _check_effects(iw, record, diffs)
             if compile_all:
                 compiled = _compile(iw, iw.members())
-            auth = None
+            auth, unvouched = None, []
             if authenticity:
                 path, found = locate(record, wheel, upstream_wheel)
                 auth = asdict(check_authentic(wheel, rec.hashes, iw.dist_info, version, record, diffs, path, found))
+            elif runs := _code_at_start(iw):  # (authenticity refuses them: not upstream's, no entry adds them)
+                raise _mismatch(wheel, f"{plain(runs[0])}: a .pth at site-packages' root runs at every Python start, "
+                                       ".data/scripts and .data/data are installed outside it; no sglang release "
+                                       "wheel has one, and nothing vouches for it without upstream's wheel "
+                                       "(--no-authenticity): run without it")
+            else:
+                unvouched = _unvouched(iw, record)
     return VerifyResult(str(wheel), str(version), record.get("upstream", {}), record.get("series", {}),
-                        rec.files, rows, compiled, auth, layers=record.get("layers", []))
+                        rec.files, rows, compiled, auth, layers=record.get("layers", []), unvouched=unvouched)
