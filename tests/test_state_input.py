@@ -208,3 +208,26 @@ def test_a_committed_provenance_whose_upstream_commit_is_a_number_is_one_line_to
     Git(worktree=tree).run("commit", "-q", "-am", "a record of its own")
     for verb in (["rebase", "--onto", "v0.5.22"], ["refresh", "--check"], ["contract"], ["status"]):
         refused([*verb, "--tree", tree, "--series", series], tree, "'upstream.commit' is not a string")
+
+
+def test_a_state_folder_that_is_a_link_is_refused_before_anything_is_written_through_it(series, tree,  # noqa: F811
+                                                                                         tmp_path):
+    """Helper 170 (issue 36's open item): `.git/c128patch` a link to a folder elsewhere: `apply` wrote its journal,
+    proof.json and layers.json there, `status` and `refresh` read and rewrote them. Each refuses in one line naming it,
+    nothing written there; the `rm` it prints works as printed, and apply then runs."""
+    import shlex
+    import subprocess
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    state = tree / ".git" / "c128patch"
+    state.symlink_to(elsewhere)
+    says = f"{state}, where c128patch keeps the tree's state (journals, proof, layers), is a link: nothing is read"
+    apply = ["apply", "--sglang-rev", "v0.5.23", "--repo", tree, "--series", series]
+    line = refused(apply, tree=tree, contains=says)
+    for verb in (["status"], ["refresh", "--check"], ["refresh"]):
+        refused([*verb, "--tree", tree, "--series", series], contains=says)
+    assert list(elsewhere.iterdir()) == []
+    subprocess.run(shlex.split(line.split("remove it (", 1)[1].split(") and run again", 1)[0]), check=True)
+    assert invoke(*apply).code == 0 and state.is_dir() and not state.is_symlink()
+    assert list(elsewhere.iterdir()) == []

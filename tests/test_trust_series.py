@@ -1472,6 +1472,23 @@ def test_a_lock_file_of_the_cache_that_is_no_regular_file_is_one_line_never_a_ha
     assert not outside.exists() and not (cache / "sglang-releases.git").exists()
 
 
+def test_jsonio_locked_on_a_pipe_or_device_is_one_line_never_a_hang(tmp_path):
+    """Helper 170 (issue 36's open item): `jsonio.locked` opened its path for reading and waited: a FIFO there (no
+    caller hands it one: series and layer folders, and the cache's lock files, are checked first) waited forever for a
+    writer. It refuses what is neither a folder nor a regular file, at once."""
+    os.mkfifo(tmp_path / "fifo")
+    code = ("import sys; from pathlib import Path; from c128patch import jsonio\n"
+            "from c128patch.errors import C128Error\n"
+            "for path in (Path(sys.argv[1]), Path('/dev/null')):\n"
+            "    try:\n        with jsonio.locked(path): print('locked', path)\n"
+            "    except C128Error as exc: print(exc.message)\n")
+    run = subprocess.run([sys.executable, "-c", code, str(tmp_path / "fifo")], capture_output=True, text=True,
+                         timeout=30)
+    assert run.stdout.splitlines() == [
+        f"{tmp_path / 'fifo'} is not a folder or a regular file (a pipe, a device): it cannot be locked",
+        "/dev/null is not a folder or a regular file (a pipe, a device): it cannot be locked"], run.stderr
+
+
 def test_a_lock_of_the_cache_another_process_holds_is_said_and_waited_for_in_bounded_time(tmp_path):
     """Helper 153: a process holding the cache's lock (another run building it, or one that hangs holding it) made
     every verb wait silently, with no limit: `check` and `apply` sat there until killed. The folder's name is input:

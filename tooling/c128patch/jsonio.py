@@ -27,7 +27,11 @@ def locked(path: Path) -> Iterator[None]:
     if key in _HELD:  # this process holds it already
         yield
         return
-    _HELD[key] = os.open(key, os.O_RDONLY)
+    fd = os.open(key, os.O_RDONLY | os.O_NONBLOCK)  # (a pipe's open waited for a writer, forever)
+    if not stat.S_ISDIR(os.fstat(fd).st_mode) and not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise C128Error(f"{one_line(key)} is not a folder or a regular file (a pipe, a device): it cannot be locked")
+    _HELD[key] = fd
     try:
         _wait_for(_HELD[key], key)
         yield

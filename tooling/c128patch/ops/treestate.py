@@ -47,9 +47,17 @@ _SIGNALS = {"kill": signal.SIGKILL, "sigint": signal.SIGINT, "sigterm": signal.S
 
 
 def git_paths(git: Git, names: list[str], *more: str) -> list[Path]:
-    """Paths inside the repository's git dir (worktree-aware), then those ``more`` rev-parse options name."""
+    """Paths inside the repository's git dir (worktree-aware), then those ``more`` rev-parse options name; the tool's
+    state folder (``c128patch``) must be a folder or absent: a link there (to a folder elsewhere) had apply, status
+    and refresh write their journal, proof and layers through it."""
     rels = git.run("rev-parse", *(a for name in names for a in ("--git-path", name)), *more).stdout.splitlines()
-    return [(git.worktree or Path.cwd()) / rel for rel in rels]  # (an absolute one stays as it is)
+    paths = [(git.worktree or Path.cwd()) / rel for rel in rels]  # (an absolute one stays as it is)
+    for name, path in zip(names, paths):
+        if name == "c128patch" and (path.is_symlink() or path.exists() and not path.is_dir()):
+            raise C128Error(f"{path}, where c128patch keeps the tree's state (journals, proof, layers), is "
+                            f"{'a link' if path.is_symlink() else 'not a folder'}: nothing is read or written through "
+                            f"it; remove it ({shell_join(['rm', str(path)])}) and run again")
+    return paths
 
 
 def _index_lock(tree: Path) -> Path | None:
