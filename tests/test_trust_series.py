@@ -563,7 +563,8 @@ REVIEWED = {
                         "iw.root / target", "iw.root / path", "scratch / path", "scratch / wheel_path(e['target'])"},
     "upstream/source.py": {"cache_dir() / 'remotes' / (hashlib.sha256(url.encode()).hexdigest()[:16] + '.git')",
                            # git's own answer for the tree the operator named (its object store), not a tree's file
-                           "git.cwd / git.out('rev-parse', '--git-path', 'objects')"},
+                           "git.cwd / git.out('rev-parse', '--git-path', 'objects')",
+                           "git.cwd / objects.stdout.strip()"},  # the same answer, read by open_upstream
 }
 _CONSTANT = ("TXN", "STAGING", "PLAN", "MANIFEST", "CONFIG", "LOCK_NAME", "PROVENANCE_PATH", "MIRROR_DONE",
              "UPSTREAM_PACKAGE", "SUMS", "PROOF", "WHEEL_PROVENANCE")
