@@ -641,3 +641,13 @@ def test_smoke_says_it_runs_the_trees_code_unsealed_before_it_runs_any(checkout,
     assert res.err.count(said) == 1, res.err
     res = invoke("smoke", "kernel", "--tree", str(checkout), "--out", str(tmp_path / "k"), as_json=False)
     assert res.code == 2 and said not in res.err, res.err  # refused before any of its code ran: not said
+
+
+def test_smoke_json_says_it_runs_the_trees_code_unsealed_on_stderr_and_in_the_document(checkout, tmp_path):
+    """Helper 169: with --json, smoke said nothing of running the tree's code unsealed (its progress is quiet there),
+    where watch and treecheck say theirs on stderr with --json too (issue 36, rule 3: "and says so")."""
+    from c128patch.smoke.kernel import UNSEALED
+
+    res = invoke("smoke", "upstream", "--tree", str(checkout), "--list", "--out", str(tmp_path / "out"))
+    assert res.err.count(UNSEALED) == 1, res.err
+    assert json.loads(res.text)["runs_target_code"] == UNSEALED

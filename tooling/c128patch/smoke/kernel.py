@@ -88,7 +88,8 @@ def report_head(command: str, mode: str, prep: Prepared, device: dict[str, Any],
     return {"command": command, "tier": "kernel", "mode": mode, "device": device, "tree": str(prep.patched),
             "upstream_tree": str(prep.upstream) if prep.upstream else None, "upstream_how": prep.upstream_how or None,
             "provenance": series_info(prep.record), "series": (prep.record or {}).get("series"),
-            "passes": {k: {x: v for x, v in res.items() if x != "tests"} for k, res in passes.items()}}
+            "passes": {k: {x: v for x, v in res.items() if x != "tests"} for k, res in passes.items()},
+            "runs_target_code": UNSEALED}
 
 
 def _differential(report: dict[str, Any], main: dict[str, Any], upstream: dict[str, Any], prep: Prepared,
@@ -142,19 +143,27 @@ def build_report(command: str, opts: KernelOptions, prep: Prepared, device: dict
     return {**report, "problems": problems, "ok": not problems}
 
 
-# said as smoke first runs the tree's code (its kernels; its tests' conftest.py, even for --list; its server)
+# said as smoke first runs the tree's code (its kernels; its tests' conftest.py, even for --list; its server): on
+# stderr, with --json too (as watch and treecheck say theirs), and in the report (``runs_target_code``)
 UNSEALED = ("smoke runs the tree's code as you, outside the sealed box (it needs the GPU), without your credentials in "
             "its environment: run it on a tree you trust")
 
 
-def run_groups(groups: list[list[PassSpec]], cwd: Path, python: str, out: Path, progress: Progress,
+def unsealed(prefix: str = "") -> None:
+    """``UNSEALED`` on stderr, on a terminal or not, with --json too (``progress`` is quiet there)."""
+    from c128patch.progress import echo
+
+    echo(prefix + UNSEALED)
+
+
+def run_groups(groups: list[list[PassSpec]], cwd: Path, python: str, out: Path,
                announce: Callable[[list[PassSpec]], None], report: Callable[[Passes], dict[str, Any]],
                write: Callable[[dict[str, Any], Path], Path]) -> tuple[dict[str, Any], Path]:
     """Each group's passes at once, group after group, the report rewritten after each; the last report, its path."""
     passes: dict[str, dict] = {}
     result: dict[str, Any] = {}
     path = out
-    progress(UNSEALED)
+    unsealed()
     for group in groups:
         announce(group)
         passes.update(run_passes(group, cwd, python, out))
@@ -191,7 +200,7 @@ def run(opts: KernelOptions, command: str, progress: Progress) -> tuple[dict[str
         specs += [PassSpec(f"patched-{tool}", prep.patched, prep.upstream, opts.sanitizer_scale, sanitizer=tool,
                            sanitizer_exe=device.get("compute_sanitizer"), **common)
                   for tool in (() if opts.collect_only else opts.sanitizers)]  # --list: the plain pass only
-        report, path = run_groups([[s] for s in specs], prep.suite, opts.python, opts.out, progress, announce,
+        report, path = run_groups([[s] for s in specs], prep.suite, opts.python, opts.out, announce,
                                   lambda passes: build_report(command, opts, prep, device, passes),
                                   lambda rep, out: write_json_atomic(out / REPORT, {**rep, "schema": SCHEMA_VERSION}))
         if opts.collect_only and not report.get("tests"):

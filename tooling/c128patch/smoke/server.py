@@ -21,7 +21,7 @@ from c128patch.errors import C128Error
 from c128patch.jsonio import write_json_atomic
 from c128patch.procs import without_credentials
 from c128patch.smoke.device import NO_CWD, nvidia_smi, run_child
-from c128patch.smoke.kernel import UNSEALED
+from c128patch.smoke.kernel import UNSEALED, unsealed
 from c128patch.smoke.logs import ServerLog, Tail, load_summary
 from c128patch.smoke.presets import LOAD_TOOLS, PRESETS
 from c128patch.smoke.procs import Managed, exit_description
@@ -231,7 +231,7 @@ def run_mode(opts: ServerOptions, mode: str, progress: Progress = lambda _m: Non
                               "env": {k: env[k] for k in (*ONLINE_ENVS, *COMPACT_ENV, *opts.env) if k in env},
                               "problems": []}
     log, tail = ServerLog(), Tail(server_log)
-    progress(f"[{mode}] {UNSEALED}")
+    unsealed(f"[{mode}] ")
     server = Managed(f"server {mode}", argv, server_log, env=env, grace=opts.grace)
     died: str | None = None
     try:
@@ -364,7 +364,7 @@ def run_server_tier(opts: ServerOptions, command: str, progress: Progress = lamb
                               "port": opts.port, "compact": opts.compact, "preset": opts.preset,
                               "load_tool": opts.load, "duration_s": opts.duration, "max_requests": opts.max_requests,
                               "load_shape": dict(zip(("conversations", "turns"), load_shape(opts.max_requests))),
-                              "modes": {}, "interrupted": None}
+                              "modes": {}, "interrupted": None, "runs_target_code": UNSEALED}
     if opts.launcher is None:
         report["install"] = installed_sglang(opts.python)
         if not report["install"]["patched"] and not opts.allow_unpatched:

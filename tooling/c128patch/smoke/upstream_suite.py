@@ -316,6 +316,5 @@ def run(opts: KernelOptions, tests: Path | None, command: str, progress: Progres
     with _prepared(opts, root, progress) as (prep, plan), \
             interrupted_out(out := out_dir(opts.out, "upstream-suite"), opts.out):
         specs = [pass_spec(plan, label, opts) for label in ("patched", "upstream")]
-        return run_groups([specs] if parallel_trees else [[s] for s in specs], plan.root, opts.python, out, progress,
-                          announce,
+        return run_groups([specs] if parallel_trees else [[s] for s in specs], plan.root, opts.python, out, announce,
                           lambda passes: build_report(command, plan, prep, device, passes, opts.collect_only), write)
