@@ -88,19 +88,48 @@ def main() -> None:
         try:
             cli.main()  # click exits with the command's code
         except SystemExit as done:
+            came = _hold_stops()  # (first: the verb is over)
             if out is not None:
                 out.flush()
             if out is not None and out.lost:
                 print(f"c128patch: error: its output could not be written to stdout ({out.lost}): what it said is lost",
                       file=sys.stderr)
-                raise SystemExit(done.code or 2) from None  # (exitcodes.USAGE: the machine's failure, not the work's)
-            raise
+                done = SystemExit(done.code or 2)  # (exitcodes.USAGE: the machine's failure, not the work's)
+            _ignore_stops()
+            if came and not (isinstance(done.code, int) and done.code > 128):  # (an interrupted verb's is the first's)
+                cli.interrupted_after_the_verb(KeyboardInterrupt(came[0]))
+            raise done from None
     except SystemExit as done:
         # an interrupted verb (128+N) exits now: in CPython's finalization after it, 2 of 80 SIGTERMed `lint` runs
         # ended by SIGINT (-2, its unhandled-KeyboardInterrupt exit) though the verb had said SIGTERM and exited 143
         if inspected or (isinstance(done.code, int) and done.code > 128):
             _exit_now(done.code)
         raise
+
+
+_STOPS = ("SIGINT", "SIGTERM", "SIGHUP")
+
+
+def _hold_stops() -> list[int]:
+    """Past the verb, a stop signal is noted in the list returned (``_ignore_stops`` says it), never raised."""
+    import signal
+
+    came: list[int] = []
+    for name in _STOPS:
+        if signal.getsignal(sig := getattr(signal, name)) != signal.SIG_IGN:  # (nohup's stays ignored)
+            signal.signal(sig, lambda signum, _frame: came.append(signum))
+    return came
+
+
+def _ignore_stops() -> None:
+    """The stop signals ignored from here to the exit: CPython's finalization puts SIG_DFL back for a signal with a
+    Python handler, and one that came then killed the process silently (-2, -15) after a verb that had done its work
+    (`refresh` had written the series: 2 of 70 SIGINTs near its end, helper 169)."""
+    import signal
+
+    for name in _STOPS:
+        if signal.getsignal(sig := getattr(signal, name)) != signal.SIG_IGN:
+            signal.signal(sig, signal.SIG_IGN)
 
 
 def _exit_now(code: object) -> None:
