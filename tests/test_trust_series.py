@@ -1611,11 +1611,13 @@ def test_every_verb_on_a_server_that_never_answers_or_trickles_ends_in_time_in_o
 
 @pytest.mark.parametrize("value", ["nan", "inf", "1e400", "-1", "0", "abc"])
 def test_a_network_time_limit_that_is_no_number_of_seconds_is_one_line(tmp_path, value):
-    """Helper 93: nan, inf and 1e400 gave a ValueError/OverflowError traceback, -1 "no answer within -1 s"."""
+    """Helper 93: nan, inf and 1e400 gave a ValueError/OverflowError traceback, -1 "no answer within -1 s". Helper
+    169: 0 was refused by a line saying "from 0 to 86400"."""
     res = invoke("check", "--repo", "http://127.0.0.1:9/sglang.git", "--sglang-rev", "main", as_json=False,
                  env={"C128PATCH_NET_TIMEOUT": value, "C128PATCH_CACHE": str(tmp_path / "cache")})
     assert res.code == 2 and res.err.startswith(f"c128patch: error: C128PATCH_NET_TIMEOUT='{value}' is not a number"), \
         res.err
+    assert res.err.rstrip().endswith("more than 0 and at most 86400 (a day)"), res.err
 
 
 # ------------------------------------------------------------------------------------- concurrent writers: the lock

@@ -184,8 +184,8 @@ def _network(git: Git, url: str, *args: str, check: bool = True) -> None:
     except ValueError:
         limit = float("nan")
     if not 0 < limit <= 86_400:  # (nan, inf and 1e400 too: subprocess would raise on them)
-        raise C128Error(f"{NET_TIMEOUT_ENV}={os.environ[NET_TIMEOUT_ENV]!r} is not a number of seconds from 0 to "
-                        "86400 (a day)") from None
+        raise C128Error(f"{NET_TIMEOUT_ENV}={os.environ[NET_TIMEOUT_ENV]!r} is not a number of seconds more than 0 "
+                        "and at most 86400 (a day)") from None
     try:
         git.run(*args, check=check, transport=True, timeout=limit)
     except GitError as exc:
