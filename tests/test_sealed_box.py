@@ -588,7 +588,9 @@ def test_a_python_hard_linked_to_a_file_of_the_tree_is_refused(tmp_path):
 @pytest.fixture(scope="module")
 def trapped_upstream(sglang_release_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Git, Path]:
     """v0.5.23 with a commit whose every runnable file (``json.py``, a fake torch, sglang's own
-    ``__init__``) writes a marker when executed."""
+    ``__init__``; what Python, pytest or a build would run by itself: a ``.pth``, ``sitecustomize.py``,
+    ``usercustomize.py``, ``conftest.py``, a ``pyproject.toml`` build backend, a ``git`` and a ``python3`` at the
+    top) writes a marker when executed."""
     tmp = tmp_path_factory.mktemp("trapped")
     marker = tmp / "ran.txt"
     git = wu.stand_in(sglang_release_repo, tmp / "sglang.git")
@@ -596,10 +598,16 @@ def trapped_upstream(sglang_release_repo: Path, tmp_path_factory: pytest.TempPat
 
     def edit(idx: Git) -> None:
         init = idx.blob("v0.5.23", "python/sglang/__init__.py").decode()
+        program = f"#!/bin/sh\necho \"$0\" >> {str(marker)!r}\n"
+        backend = '[build-system]\nrequires = []\nbuild-backend = "trapped"\nbackend-path = ["."]\n'
         for path, text in (("json.py", trap), ("python/torch/__init__.py", trap), ("setup.py", trap),
-                           ("python/sglang/__init__.py", trap + init)):
+                           ("python/sglang/__init__.py", trap + init), ("python/trap.pth", "import os; " + trap),
+                           ("python/sitecustomize.py", trap), ("python/usercustomize.py", trap),
+                           ("conftest.py", trap), ("python/conftest.py", trap), ("trapped.py", trap),
+                           ("pyproject.toml", backend), ("git", program), ("python3", program)):
             blob = idx.out("hash-object", "-w", "--stdin", input=text)
-            idx.run("update-index", "--add", "--cacheinfo", f"100644,{blob},{path}")
+            mode = "100755" if text is program else "100644"
+            idx.run("update-index", "--add", "--cacheinfo", f"{mode},{blob},{path}")
 
     wu.set_branch(git, "trap", upstream_commit(git, "v0.5.23", "upstream: booby traps", edit))
     return git, marker
