@@ -740,6 +740,23 @@ def test_bisect_prints_the_first_bad_commits_subject_without_line_separators_or_
     assert not any(c in run.text for c in "\u2028\u2029\x1b\u202e\x85"), run.text
 
 
+def test_bisect_keeps_a_subjects_carriage_return_inside_its_line(drift):
+    """Helper 169: the first bad commit's subject was read in text mode (universal newlines): its CR became "\n",
+    and the "first bad commit" line printed a second line of the subject's choosing ("fake: clean"). Read as bytes,
+    the CR is data: dropped from the one line (``textsafe.plain``), kept in --json."""
+    moved = drift.rev_parse("moved")
+    commit = drift.with_env(GIT_AUTHOR_NAME="u", GIT_AUTHOR_EMAIL="u@x.invalid", GIT_COMMITTER_NAME="u",
+                            GIT_COMMITTER_EMAIL="u@x.invalid").out("commit-tree", f"{moved}^{{tree}}", "-p",
+                                                                   f"{moved}^", input="moved\rfake: clean")
+    wu.set_branch(drift, "moved-cr", commit)
+    args = ["bisect", "--onto", "moved-cr", "--repo", str(drift.git_dir), "--series", str(REPO_ROOT)]
+    run = invoke(*args, as_json=False)
+    assert run.code == 0, run.err
+    assert not any(x.startswith("fake") for x in run.text.splitlines()), run.text
+    assert f"first bad commit: {commit} movedfake: clean" in run.text.splitlines(), run.text  # (plain: CR dropped)
+    assert invoke(*args).out["subject"] == "moved\rfake: clean"
+
+
 def test_bisect_names_the_commit_where_the_series_stops_applying(drift):
     run = invoke("bisect", "--onto", "moved", "--repo", str(drift.git_dir), "--series", str(REPO_ROOT))
     assert run.code == 0, run.err

@@ -488,10 +488,14 @@ class Git:
 
     def lines(self, *args: str, **kw) -> list[str]:
         """``out``'s lines, split at "\n" only: a subject may hold U+2028, \x1c-\x1e or \x85, which
-        ``str.splitlines`` also splits at (a commit's record cut in two), or a CR, which a text-mode read turns into
-        "\n" (universal newlines): read as bytes."""
-        text = self.run(*args, binary=True, **kw).stdout.decode("utf-8", "surrogateescape").strip()
+        ``str.splitlines`` also splits at (a commit's record cut in two), or a CR (``named``)."""
+        text = self.named(*args, **kw)
         return text.split("\n") if text else []
+
+    def named(self, *args: str, **kw) -> str:
+        """``out`` read as bytes, for output that carries upstream's subjects or names: a CR in a subject stays one
+        (a text-mode read, universal newlines, made it "\n": a line of ours a subject forged, helper 169)."""
+        return self.run(*args, binary=True, **kw).stdout.decode("utf-8", "surrogateescape").strip()
 
     def ok(self, *args: str, **kw) -> bool:
         return self.run(*args, check=False, **kw).returncode == 0

@@ -102,7 +102,7 @@ def bisect(series: Series, repo: str | None, onto: str, *, timeout: float = 600,
             reporter.step(f"git bisect: checking {step[:12]}")
             said = sgit.out("bisect", "bad" if fails(step) else "good", step)
     commit = found.group(1)
-    report.update(found=True, commit=commit, subject=git.out("log", "-1", "--format=%s", commit),
+    report.update(found=True, commit=commit, subject=git.named("log", "-1", "--format=%s", commit),
                   failing=fails(commit))
     report["summary"] = (f"first upstream commit where the series stops fitting: {commit[:12]} {report['subject']!r}: "
                          f"{report['failing'][0] if report['failing'] else '?'}")

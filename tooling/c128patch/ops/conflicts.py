@@ -192,8 +192,8 @@ def _patterns(target: str) -> list[str]:
 def taken(git: Git, series: Series, entry: Entry, old: str, onto: str) -> Taken:
     """Who made ``entry``'s overlay target upstream in ``old..onto``, who imports it there and here, the way through."""
     target = entry.target
-    made = git.out("log", "-1", "--diff-filter=A", "--format=%H %h %s", f"{old}..{onto}", "--", target) or \
-        git.out("log", "-1", "--diff-filter=A", "--format=%H %h %s", onto, "--", target)
+    made = git.named("log", "-1", "--diff-filter=A", "--format=%H %h %s", f"{old}..{onto}", "--", target) or \
+        git.named("log", "-1", "--diff-filter=A", "--format=%H %h %s", onto, "--", target)
     commit, _, created = made.partition(" ")
     args = [a for p in _patterns(target) for a in ("-e", p)]
     hits = git.run("grep", "-l", "-E", *args, onto, "--", TREE_ROOT, check=False).stdout.splitlines()

@@ -193,6 +193,6 @@ def _below_provenance(git: Git, sha: str, named: str) -> tuple[str, str]:
         raise C128Error(f"commit {sha[:12]} ({named}) is c128patch's provenance record, not a change of yours, and "
                         f"no commit of yours is below it (the one below is entry '{entry}'); commit your change on "
                         "the branch, then add it; nothing was written")
-    subject = git.out("log", "-1", "--format=%s", below)
+    subject = git.named("log", "-1", "--format=%s", below)
     return below, (f"{named} ({sha[:12]}) is c128patch's provenance record, not a change of yours: took your commit "
                    f"{below[:12]} ({subject}) below it")

@@ -147,7 +147,7 @@ class MergedCheck:
 
     def _pr_hint(self, number: str) -> list[Signal]:
         if number not in self._hints:
-            hit = self.git.out("log", "--format=%H %s", "-E", f"--grep=\\(#{number}\\)", f"{self.old}..{self.onto}")
+            hit = self.git.named("log", "--format=%H %s", "-E", f"--grep=\\(#{number}\\)", f"{self.old}..{self.onto}")
             sha, _, subject = hit.split("\n")[0].partition(" ")
             self._hints[number] = [Signal("pr-hint", f"upstream commit {sha[:12]} {subject!r} names PR #{number}",
                                           sha)] if sha else []
