@@ -613,7 +613,12 @@ def test_an_interrupted_verbs_exit_code_is_the_processs_own(monkeypatch, capsys,
     monkeypatch.setattr(sys, "stdout", sys.stdout)  # (main wraps it: put back after the test)
     monkeypatch.setattr(entry.cli, "main", verb)
     monkeypatch.setattr(entry.os, "_exit", lambda c: (ended.append(c), sys.exit(c)))
-    with pytest.raises(SystemExit) as done:
-        entry.main()
+    kept = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        with pytest.raises(SystemExit) as done:
+            entry.main()
+    finally:  # (past the verb the entry ignores them to the process's end: this process goes on)
+        for s, handler in kept.items():
+            signal.signal(s, handler)
     assert done.value.code == code and ended == ([code] if exits_now else [])
     assert "said before the end" in capsys.readouterr().out
