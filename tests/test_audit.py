@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from c128patch.errors import C128Error
 from c128patch.ops.audit import RULES, Rule, _HelperIndex, audit_patch, audit_patched_file
 from c128patch.series.manifest import load_series
 from support import RELEASES, invoke, unpack_release
@@ -465,3 +466,12 @@ def test_an_ungated_call_of_ours_at_an_offset_is_still_caught(offset_upstream, t
     assert "record_verify_inputs" in findings[0].message
     # read from the patch file's hunk numbers, the same lines are upstream's comments: nothing found
     assert _as_patch_file_says(series, git, rev, mutated) == []
+
+
+@pytest.mark.parametrize("source", ["def f(:\n", "x = " + "(" * 1000 + ")" * 1000 + "\n", "x = 1\0\n"])
+def test_a_patched_file_that_does_not_parse_is_one_line_naming_it(source):
+    """Helper 169: `watch --onto` an upstream commit leaving a file the series patches unparseable (its hunks still
+    apply) ended with a SyntaxError traceback from the gate audit, exit 1. One line naming the file, which watch
+    reports as the audit's finding."""
+    with pytest.raises(C128Error, match=r"^gate audit: python/x\.py: (does not parse|nested too deeply to parse)"):
+        audit_patched_file(source, {1}, GATE, RULES, file="python/x.py")

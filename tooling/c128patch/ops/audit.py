@@ -195,11 +195,22 @@ def _rule_of(name: str, rules: Sequence[Rule], effects: Mapping[str, str]) -> st
     return direct or effects.get(name) or effects.get(name.rsplit(".", 1)[-1] if "." in name else "")
 
 
+def _parse(source: str, file: str) -> ast.Module:
+    """``source`` (upstream's ``file``, as patched) parsed; one that does not parse, or nests past the parser's limits,
+    is a one-line error naming it (a SyntaxError traceback ended `watch` and `audit`, helper 169)."""
+    try:
+        return ast.parse(source, file)
+    except (SyntaxError, ValueError) as exc:
+        raise C128Error(f"gate audit: {file}: does not parse ({type(exc).__name__}: {exc})") from None
+    except (RecursionError, MemoryError):
+        raise C128Error(f"gate audit: {file}: nested too deeply to parse") from None
+
+
 def audit_patched_file(source: str, added_lines: set[int], gate: str, rules: Sequence[Rule] = RULES, *,
                        file: str = "<source>", index: _HelperIndex | None = None) -> list[Finding]:
     """Rule calls on ``added_lines`` that can run with ``gate`` off; helpers called on added lines count with the
     side effects ``index`` finds in them (only they can make a finding)."""
-    tree = ast.parse(source)
+    tree = _parse(source, file)
     calls = _Walker(tree, gate).calls
     local_defs = {n.name for n in _statements(tree) if isinstance(n, _DEFS)}
     external_effects = {} if index is None else index.imported_effects(
@@ -300,7 +311,7 @@ class _HelperIndex:
 
     def _module(self, path: str) -> tuple[dict[str, list[_Call]], list[ast.ImportFrom], set[str]]:
         if path not in self.parsed:
-            tree = ast.parse(self.read(path) or "")
+            tree = _parse(self.read(path) or "", path)
             by_function: dict[str, list[_Call]] = {}
             for call in _Walker(tree, self.gate).calls:
                 if call.function is not None:
