@@ -561,13 +561,25 @@ REVIEWED = {
     "wheel/verify.py": {"Path(tmp) / f'{i:03d}.diff'",  # a number
                         # a provenance file or target: record_problem refuses one that is not inside() the tree
                         "iw.root / target", "iw.root / path", "scratch / path", "scratch / wheel_path(e['target'])"},
+    # helper 172: capacity/, cli/ and serve/ walked too: numbers, constants, the installed RECORD's names
+    "capacity/model.py": {"-(-raw // align) * align / page", "ring_size(inp, 4, False) / inp.page_size",  # numbers
+                          "(inp.layout.num_layers + 1) / inp.layout.num_layers", "ring_size(inp, 4, False) / "
+                          "WINDOW_SIZE", "n / (1 << 30)", "inp.budget_bytes / b", "avail / b",
+                          "full_token / inp.layout.context_len"},
+    "capacity/pr.py": {"(hi - lo) / (off_iv[1] - off_iv[0])", "(f_off - f_on) / b"},  # numbers
+    "capacity/tables.py": {"100.0 * r.delta_tokens / r.off.full_tokens"},  # a number
+    # the installed RECORD's names: _outside() refuses one that leaves the install (links followed); only hashed
+    "serve/doctor.py": {"site / name", "sg.site / name"},
+    "cli/smoke/upstream.py": {"stage_dir / suite.STAGED_TESTS"},  # a constant of the suite module
+    "serve/install.py": {"self.dist_info / name"},  # name: a constant of each caller (RECORD, INSTALLER, ...)
     "upstream/source.py": {"cache_dir() / 'remotes' / (hashlib.sha256(url.encode()).hexdigest()[:16] + '.git')",
                            # git's own answer for the tree the operator named (its object store), not a tree's file
                            "git.cwd / git.out('rev-parse', '--git-path', 'objects')",
                            "git.cwd / objects.stdout.strip()"},  # the same answer, read by open_upstream
 }
 _CONSTANT = ("TXN", "STAGING", "PLAN", "MANIFEST", "CONFIG", "LOCK_NAME", "PROVENANCE_PATH", "MIRROR_DONE",
-             "UPSTREAM_PACKAGE", "SUMS", "PROOF", "WHEEL_PROVENANCE")
+             "UPSTREAM_PACKAGE", "SUMS", "PROOF", "WHEEL_PROVENANCE", "DEFAULT_TREE", "ENVIRON",
+             "ONLINE_C128_DSPARK_RULES", "SBOM_NAME", "REPORT")
 
 
 def _constant(node: ast.expr) -> bool:
@@ -596,8 +608,8 @@ def unreviewed_joins(source: str, reviewed: set[str]) -> list[str]:
 
 def test_no_join_of_input_bypasses_confine():
     root = REPO_ROOT / "tooling" / "c128patch"
-    files = sorted(str(p.relative_to(root)) for d in ("series", "upstream", "ops", "wheel")
-                   for p in (root / d).glob("*.py"))
+    walked = ("series", "upstream", "ops", "wheel", "capacity", "cli", "cli/smoke", "serve")
+    files = sorted(str(p.relative_to(root)) for d in walked for p in (root / d).glob("*.py"))
     found = {rel: unreviewed_joins((root / rel).read_text(), REVIEWED.get(rel, set())) for rel in files}
     assert {k: v for k, v in found.items() if v} == {}
     assert unreviewed_joins("root / plan['moves'][0]\nroot / 'x' / TXN\n", set()) == ["root / plan['moves'][0]"]
