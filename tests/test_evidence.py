@@ -231,6 +231,23 @@ def test_collect_refuses_a_dry_run_bundle(staged: Path, tmp_path: Path):
         collect_run(_run_record(staging.read_manifest(staged), tmp_path, dry=True), tmp_path, tmp_path / "o", "d")
 
 
+@pytest.mark.parametrize("rev, label", [("../../escape", "patched"), ("v0.5.20", "../../../escape"),
+                                        ("ABSOLUTE", "patched")])
+def test_collect_refuses_a_bundle_whose_job_names_a_rev_or_label_outside_the_results(tmp_path: Path, rev, label):
+    """helper 172: a bundle's job names its rev and label, joined unchecked into the results folder: a rev
+    ``../../escape`` wrote ``suite.json`` outside it. Now confined (``result_path``): refused, nothing written."""
+    rev = str(tmp_path / "abs") if rev == "ABSOLUTE" else rev
+    job_dir = tmp_path / "res" / "job"
+    job_dir.mkdir(parents=True)
+    (job_dir / "smoke-kernel.json").write_text(OLD_REPORT.read_text())
+    run = {**_run_record({"releases": [{"rev": rev, "trees": {label: {"key": None}}}]}, tmp_path / "res"),
+           "jobs": [{"name": "job", "rev": rev, "label": label, "kinds": ["suite"], "rc": 0, "seconds": 1.0}]}
+    dest = tmp_path / "a" / "out"
+    with pytest.raises(C128Error, match="unsafe path in a result of rev"):
+        collect_run(run, tmp_path / "res", dest, "2026-12-01")
+    assert not list(tmp_path.rglob("suite.json"))
+
+
 # --------------------------------------------------------------------------- the matrix
 
 

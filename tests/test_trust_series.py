@@ -571,6 +571,11 @@ REVIEWED = {
     # the installed RECORD's names: _outside() refuses one that leaves the install (links followed); only hashed
     "serve/doctor.py": {"site / name", "sg.site / name"},
     "cli/smoke/upstream.py": {"stage_dir / suite.STAGED_TESTS"},  # a constant of the suite module
+    # helper 172: evidence/ walked too (result_path confines a bundle's rev and label)
+    "evidence/staging.py": {"dest / rev",  # a release tag (prepare.py refuses one release_version does not parse)
+                            "dest / rev / label",  # label: our own tree names (patched, upstream, before)
+                            "dest / rev / label / Path(provenance.PROVENANCE_PATH).relative_to('python')",
+                            "dest / Path(provenance.PROVENANCE_PATH).relative_to('python')"},  # a constant
     "serve/install.py": {"self.dist_info / name"},  # name: a constant of each caller (RECORD, INSTALLER, ...)
     "upstream/source.py": {"cache_dir() / 'remotes' / (hashlib.sha256(url.encode()).hexdigest()[:16] + '.git')",
                            # git's own answer for the tree the operator named (its object store), not a tree's file
@@ -579,7 +584,8 @@ REVIEWED = {
 }
 _CONSTANT = ("TXN", "STAGING", "PLAN", "MANIFEST", "CONFIG", "LOCK_NAME", "PROVENANCE_PATH", "MIRROR_DONE",
              "UPSTREAM_PACKAGE", "SUMS", "PROOF", "WHEEL_PROVENANCE", "DEFAULT_TREE", "ENVIRON",
-             "ONLINE_C128_DSPARK_RULES", "SBOM_NAME", "REPORT")
+             "ONLINE_C128_DSPARK_RULES", "SBOM_NAME", "REPORT",
+             "RESULTS_UNDER")
 
 
 def _constant(node: ast.expr) -> bool:
@@ -608,7 +614,7 @@ def unreviewed_joins(source: str, reviewed: set[str]) -> list[str]:
 
 def test_no_join_of_input_bypasses_confine():
     root = REPO_ROOT / "tooling" / "c128patch"
-    walked = ("series", "upstream", "ops", "wheel", "capacity", "cli", "cli/smoke", "serve")
+    walked = ("series", "upstream", "ops", "wheel", "capacity", "cli", "cli/smoke", "serve", "evidence")
     files = sorted(str(p.relative_to(root)) for d in walked for p in (root / d).glob("*.py"))
     found = {rel: unreviewed_joins((root / rel).read_text(), REVIEWED.get(rel, set())) for rel in files}
     assert {k: v for k, v in found.items() if v} == {}

@@ -16,6 +16,7 @@ from c128patch.errors import C128Error
 from c128patch.evidence.keys import EvidenceKey
 from c128patch.jsonio import write_json_atomic
 from c128patch.series.manifest import Series
+from c128patch.series.paths import confine
 from c128patch.smoke.passes import BAD
 from c128patch.smoke.trees import read_json
 from c128patch.textsafe import one_line, some
@@ -37,7 +38,10 @@ def results_root(series: Series) -> Path:
 
 
 def result_path(root: Path, rev: str, kind: str, label: str = "patched") -> Path:
-    return (root / rev if label == "patched" else root / rev / label) / f"{kind}.json"
+    """``root/<rev>[/<label>]/<kind>.json``: ``rev`` and ``label`` come from a GPU run's bundle (its jobs), so
+    confined (a job naming rev ``../../x`` wrote outside the results)."""
+    rel = f"{rev}/{kind}.json" if label == "patched" else f"{rev}/{label}/{kind}.json"
+    return confine(root, rel, f"a result of rev {rev!r}, label {label!r}")
 
 
 @dataclass(frozen=True)
