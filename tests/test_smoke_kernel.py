@@ -697,3 +697,20 @@ def test_a_time_limit_that_is_no_number_of_seconds_is_refused_before_anything_ru
     res = run_cli(*argv, value, as_json=False)
     assert res.code == 2 and res.err.startswith("c128patch: error: Invalid value for '--"), res.err
     assert len(res.err.strip().splitlines()) == 1
+
+
+def test_staging_a_tree_refuses_a_file_that_is_a_link_out_of_it(tmp_path):
+    """helper 172: ``stage`` (``smoke kernel --stage``, the GPU bundle) copied a tree's file that is a link with its
+    target's bytes: an upstream committing ``sglang/x.py -> ~/.ssh/id_rsa`` had the key carried off. Now each file
+    is confined (``copy_files``): refused by name, nothing copied."""
+    secret = tmp_path / "id_rsa"
+    secret.write_text("SECRET")
+    tree = tmp_path / "tree"
+    (tree / "sglang").mkdir(parents=True)
+    (tree / "sglang" / "ok.py").write_text("x = 1\n")
+    (tree / "sglang" / "leak.py").symlink_to(secret)
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    with pytest.raises(smoke_trees.C128Error, match="leak.py goes through the symlink"):
+        smoke_trees.stage(suite, {"patched": tree}, tmp_path / "dest")
+    assert not [p for p in (tmp_path / "dest").rglob("*") if p.is_file() and "SECRET" in p.read_text()]

@@ -576,6 +576,29 @@ REVIEWED = {
                             "dest / rev / label",  # label: our own tree names (patched, upstream, before)
                             "dest / rev / label / Path(provenance.PROVENANCE_PATH).relative_to('python')",
                             "dest / Path(provenance.PROVENANCE_PATH).relative_to('python')"},  # a constant
+    # helper 172: smoke/ walked too (copy_files confines each file of a tree it stages)
+    "smoke/device.py": {"d / name"},  # a tool's constant name in the operator's PATH / CUDA_HOME folders
+    "smoke/kernel.py": {"dest / k"},  # k: our tree labels (patched, upstream)
+    "smoke/passes.py": {"out_dir / f'rows-{spec.label}.jsonl'", "out_dir / f'pytest-{spec.label}.log'",
+                        "out_dir / 'results' / spec.label",  # a pass label: ours (patched, upstream,
+                        "out_dir / f'junit-{spec.label}.xml'"},  # patched-<a --sanitizer choice>)
+    "smoke/render.py": {"path.parent / result"},  # suite.RESULT, a constant
+    "smoke/server.py": {"out / f'load-{mode}.jsonl'", "out / f'server-{mode}.log'",  # mode: on / off, ours
+                        "out / f'load-{mode}.log'", "100.0 * gain / cap['off']", "tput['on'] / tput['off']"},
+    "smoke/trees.py": {"dest / label",  # our tree labels
+                       "target / rel"},  # our staging folder; rel confine()d in the tree just before
+    "smoke/upstream_select.py": {
+        # a module name out of an import (ast: identifiers, no '/' or '..'), only stat'd and read in the tree
+        "self.root.joinpath(*module.split('.'))", "index.root.joinpath(*parts[:i])",
+        "self.path.parent / f'{top}.py'", "self.path.parent / top",
+        # a first part of a literal _CSRC_LITERAL matches: one part, so at most sglang/kernels/jit (in the tree);
+        # the files it lists are confine()d when copied (copy_files)
+        "index.root / CSRC / folder",
+        "upstream / rel", "patched / rel",  # a path a series patch touches (check_relpath at parse), only stat'd
+        "patched / pkg.replace('.', '/')",  # its package, the same
+        "Path(name).parent / sib.name"},  # a kernel's name, a string: no file opened
+    "smoke/upstream_standins.py": {"Path(tree).joinpath(*module.split('.'))"},  # our stand-in table's modules
+    "smoke/upstream_suite.py": {"dest / k"},  # k: STAGED_TESTS or our tree labels
     "serve/install.py": {"self.dist_info / name"},  # name: a constant of each caller (RECORD, INSTALLER, ...)
     "upstream/source.py": {"cache_dir() / 'remotes' / (hashlib.sha256(url.encode()).hexdigest()[:16] + '.git')",
                            # git's own answer for the tree the operator named (its object store), not a tree's file
@@ -585,7 +608,8 @@ REVIEWED = {
 _CONSTANT = ("TXN", "STAGING", "PLAN", "MANIFEST", "CONFIG", "LOCK_NAME", "PROVENANCE_PATH", "MIRROR_DONE",
              "UPSTREAM_PACKAGE", "SUMS", "PROOF", "WHEEL_PROVENANCE", "DEFAULT_TREE", "ENVIRON",
              "ONLINE_C128_DSPARK_RULES", "SBOM_NAME", "REPORT",
-             "RESULTS_UNDER")
+             "RESULTS_UNDER", "SUITE", "PROVENANCE_IN_ROOT", "RESULT", "SOURCES", "STAGED_TESTS", "KERNEL_TESTS",
+             "CSRC")
 
 
 def _constant(node: ast.expr) -> bool:
@@ -614,7 +638,7 @@ def unreviewed_joins(source: str, reviewed: set[str]) -> list[str]:
 
 def test_no_join_of_input_bypasses_confine():
     root = REPO_ROOT / "tooling" / "c128patch"
-    walked = ("series", "upstream", "ops", "wheel", "capacity", "cli", "cli/smoke", "serve", "evidence")
+    walked = ("series", "upstream", "ops", "wheel", "capacity", "cli", "cli/smoke", "serve", "evidence", "smoke")
     files = sorted(str(p.relative_to(root)) for d in walked for p in (root / d).glob("*.py"))
     found = {rel: unreviewed_joins((root / rel).read_text(), REVIEWED.get(rel, set())) for rel in files}
     assert {k: v for k, v in found.items() if v} == {}

@@ -20,7 +20,7 @@ from c128patch import PACKAGE_DIR
 from c128patch.errors import C128Error, need_file
 from c128patch.git import Git, is_work_tree, toplevel
 from c128patch.procs import scratch_dir
-from c128patch.series.paths import check_relpath
+from c128patch.series.paths import check_relpath, confine
 from c128patch.series.provenance import PROVENANCE_PATH
 from c128patch.smoke import load_file
 
@@ -273,9 +273,10 @@ def copy_files(root: Path, files: Iterable[Path], target: Path) -> dict[str, int
     if target.exists():
         shutil.rmtree(target)
     unique = sorted(set(files))
-    for rel in unique:
+    for rel in unique:  # a file of the tree that is a link (to ~/.ssh/id_rsa, say) was copied with its target's bytes
+        src = confine(root, rel.as_posix(), f"the tree {root}", regular=True)
         (target / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(root / rel, target / rel)
+        shutil.copy2(src, target / rel)
     return {"files": len(unique), "bytes": sum((target / rel).stat().st_size for rel in unique)}
 
 
