@@ -1089,3 +1089,22 @@ def test_a_probe_verdict_cached_before_the_probe_ran_sealed_is_compiled_again(sg
                                  'error: identifier "ghp_CACHED" is undefined'}))
     ok, line = contract_cxx.probe(REPO_ROOT, git, "v0.5.23")
     assert ok is True and "ghp_" not in line, line
+
+
+def test_tvm_ffi_pin_refuses_an_upstream_version_that_leaves_the_series(tmp_path):
+    """helper 172: the pin of the probe's install hint read ``patches/env/v<__version__>.lock`` with upstream's
+    ``__version__`` joined unchecked: ``x/../../../../outside`` read a lock outside the series wherever
+    ``patches/env/vx/`` is a folder (its pin printed as the command to run). Now confined: refused, naming it."""
+    from c128patch.errors import C128Error
+
+    series = tmp_path / "a" / "s"
+    (series / "patches" / "env" / "vx").mkdir(parents=True)
+    (tmp_path / "a" / "outside.lock").write_text("apache-tvm-ffi==6.6.6\n")
+    version = "x/../../../../outside"
+
+    class Blobs:
+        def blob(self, head: str, path: str) -> bytes | None:
+            return f'__version__ = "{version}"\n'.encode() if path.endswith("_version.py") else None
+
+    with pytest.raises(C128Error, match="the lock of upstream's __version__"):
+        contract_cxx.tvm_ffi_pin(series, Blobs(), "HEAD")

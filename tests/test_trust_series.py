@@ -599,6 +599,30 @@ REVIEWED = {
         "Path(name).parent / sib.name"},  # a kernel's name, a string: no file opened
     "smoke/upstream_standins.py": {"Path(tree).joinpath(*module.split('.'))"},  # our stand-in table's modules
     "smoke/upstream_suite.py": {"dest / k"},  # k: STAGED_TESTS or our tree labels
+    # helper 172: fit/ walked too (tvm_ffi_pin confines the lock upstream's __version__ names)
+    "fit/contract.py": {"series.root / source"},  # an overlay's source: the manifest's, checked at load
+    "fit/contract_cxx.py": {"cache_dir() / 'contract-probe' / f'{key}.json'",  # a hash
+                            "Path(path).parent / name"},  # a string compared with the tree's file list, not opened
+    "fit/env.py": {"cache_dir() / 'envs' / 'locks' / f'{name}.lock'", "root / key",  # hashes (and our host())
+                   "ensure_folder(cached.parent) / cached.name",  # the same file
+                   "site / str(f)",  # a RECORD name: relpath'd, then confine()d in the environment before unlinked
+                   "venv / folder",  # the folder of such a confine()d file
+                   "state / f'c128patch-{n}.json'"},  # n: untried / defined, ours
+    "fit/rebase_flow.py": {"state / name", "report_dir / name"},  # name: our two report names
+    "fit/sandbox.py": {"os.path.join(os.path.realpath(tmp), n)", "self.home / name",  # our own names in our scratch
+                       "os.path.join(d, SITE_PIP[1])",  # $XDG_CONFIG_DIRS, the operator's, absolute only
+                       "n / (1 << 30)", "n / (1 << 20)",  # numbers
+                       "os.path.join(folder, name)"},  # os.walk of the tree, only lstat'd
+    "fit/scenario_models.py": {"(kv * old + value * new) / new_s", "(w * kv).sum(0) / s"},  # numbers
+    "fit/treecheck.py": {"self.top / path",  # a name of self.files, the tree's own listing (no link)
+                         "tree / p"},  # paths git lists as changed, only stat'd
+    # in the box: a tree path made one name ('/' -> '%') in the box's own folder
+    "fit/treecheck_runner.py": {"os.path.join(COMPILED, self.path.replace('/', '%'))"},
+    "fit/watch.py": {"target.root / c",  # what our refresh wrote in our copy (refresh_ops.write)
+                     "self.out / name",  # WRITTEN, our report names
+                     # a layer's name (check_entry_name at load), under our copy or --out
+                     "dest / 'layers' / layer.name", "out / 'series' / 'layers' / layer.name",
+                     "part.root / top", "to / top"},  # patches or an overlay source's first part, checked at load
     "serve/install.py": {"self.dist_info / name"},  # name: a constant of each caller (RECORD, INSTALLER, ...)
     "upstream/source.py": {"cache_dir() / 'remotes' / (hashlib.sha256(url.encode()).hexdigest()[:16] + '.git')",
                            # git's own answer for the tree the operator named (its object store), not a tree's file
@@ -609,7 +633,7 @@ _CONSTANT = ("TXN", "STAGING", "PLAN", "MANIFEST", "CONFIG", "LOCK_NAME", "PROVE
              "UPSTREAM_PACKAGE", "SUMS", "PROOF", "WHEEL_PROVENANCE", "DEFAULT_TREE", "ENVIRON",
              "ONLINE_C128_DSPARK_RULES", "SBOM_NAME", "REPORT",
              "RESULTS_UNDER", "SUITE", "PROVENANCE_IN_ROOT", "RESULT", "SOURCES", "STAGED_TESTS", "KERNEL_TESTS",
-             "CSRC")
+             "CSRC", "PROBE", "PY_ROOT", "PACKAGE")
 
 
 def _constant(node: ast.expr) -> bool:
@@ -638,7 +662,7 @@ def unreviewed_joins(source: str, reviewed: set[str]) -> list[str]:
 
 def test_no_join_of_input_bypasses_confine():
     root = REPO_ROOT / "tooling" / "c128patch"
-    walked = ("series", "upstream", "ops", "wheel", "capacity", "cli", "cli/smoke", "serve", "evidence", "smoke")
+    walked = ("series", "upstream", "ops", "wheel", "capacity", "cli", "cli/smoke", "serve", "evidence", "smoke", "fit")
     files = sorted(str(p.relative_to(root)) for d in walked for p in (root / d).glob("*.py"))
     found = {rel: unreviewed_joins((root / rel).read_text(), REVIEWED.get(rel, set())) for rel in files}
     assert {k: v for k, v in found.items() if v} == {}

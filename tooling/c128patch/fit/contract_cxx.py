@@ -247,7 +247,8 @@ def tvm_ffi_pin(series_root: Path, git: Git, head: str) -> str:
     except tomllib.TOMLDecodeError:
         lines = []
     if not lines and (found := _VERSION.search((git.blob(head, "python/sglang/_version.py") or b"").decode(
-            errors="replace"))) and (lock := series_root / "patches" / "env" / f"v{found[1]}.lock").is_file():
+            errors="replace"))) and (lock := confine(series_root, f"patches/env/v{found[1]}.lock",  # upstream's
+                                                     "the lock of upstream's __version__")).is_file():
         lines = [line.split(" --hash", 1)[0] for line in lock.read_text(errors="replace").splitlines()]
     pins = [line.split(";", 1)[0].strip() for line in lines if isinstance(line, str) and ours(line)]
     return pins[0] if pins else TVM_FFI
