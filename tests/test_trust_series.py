@@ -1308,6 +1308,26 @@ def test_a_changed_wheel_in_the_cache_is_refused_before_it_is_patched_or_trusted
         cached_wheel(wheel)
 
 
+def test_a_cached_wheel_renamed_to_another_release_is_refused_naming_the_cache_and_the_fix(tmp_path, monkeypatch):
+    """Helper 172: the cache's 0.5.21 wheel renamed 0.5.22, its SHA256SUMS and c128patch-trees lines gone: `wheel
+    --from-release 0.5.22` said only "METADATA says version 0.5.21, the file name 0.5.22", naming neither the cache
+    nor a fix. One line naming the cached file and the fix (rm it: it is downloaded again)."""
+    from c128patch.upstream.releases import cached_wheel
+
+    folder, _ = fake_release_cache(monkeypatch, tmp_path)
+    renamed = folder / "sglang-0.5.22-cp311-cp311-manylinux_2_34_x86_64.whl"
+    with zipfile.ZipFile(renamed, "w") as zf:  # 0.5.21's, under 0.5.22's name
+        zf.writestr("sglang/__init__.py", "__version__ = '0.5.21'\n")
+        zf.writestr("sglang-0.5.21.dist-info/METADATA", "Metadata-Version: 2.1\nName: sglang\nVersion: 0.5.21\n")
+        zf.writestr("sglang-0.5.21.dist-info/WHEEL", "Wheel-Version: 1.0\n")
+    with pytest.raises(C128Error, match="says version 0.5.21 in its METADATA, not the 0.5.22 of its name") as exc:
+        cached_wheel(renamed)
+    assert f"in the cache {folder}" in exc.value.message and f"rm {renamed}" in exc.value.message
+    assert "\n" not in exc.value.message and not (folder / "SHA256SUMS").exists()  # (not recorded as downloaded)
+    run = invoke("wheel", "--from-release", "0.5.22", "-o", str(tmp_path / "out"), as_json=False)
+    assert run.code == 2 and f"rm {renamed}" in run.err and not (tmp_path / "out").exists(), run.err
+
+
 def test_a_swapped_non_canonical_cached_wheel_with_its_sum_replaced_is_refused(tmp_path, monkeypatch):
     """Helper 161: the cache's cp312 wheel (README's production path: wheel --from-release X --python-tag cp312)
     swapped for one with a payload, its SHA256SUMS line replaced to match, went into the patched wheel: only the

@@ -265,7 +265,12 @@ def cached_wheel(wheel: Path) -> Path:
         raise C128Error(f"the cached wheel {wheel} changed since it was downloaded (sha256 {have[:16]}…, recorded "
                         f"{recorded[:16]}…); {fix}")
     history = ReleaseHistory()
-    if parsed := parsed_name(wheel):
+    if (parsed := parsed_name(wheel)) and (said := metadata_version(wheel)) is not None and \
+            not _is_version(said, parsed[1]):
+        # (a 0.5.21 wheel renamed 0.5.22, its records gone: `wheel` refused it later naming neither the cache nor a fix)
+        raise C128Error(f"the cached wheel {wheel} in the cache {folder} says version {said} in its METADATA, not the "
+                        f"{parsed[1]} of its name (a renamed wheel); {fix}")
+    if parsed:
         lines = history._state(history._trees_file).split("\n")  # (a damaged one: one line, not a traceback)
         tree = dict(line.split(" ", 1) for line in lines if " " in line).get(str(parsed[1]))
         # the canonical wheel gives that tree; any other of the release the same sources, their executable bits aside
@@ -587,6 +592,21 @@ def iter_wheel_sources(wheel: Path, fix: str = CACHED) -> Iterator[tuple[str, st
             check_relpath(name, f"the wheel {wheel}")  # (a newline would write commands into fast-import's stream)
             executable = (info.external_attr >> 16) & 0o111
             yield TREE_PREFIX + name, "100755" if executable else "100644", zf.read(info)
+
+
+def metadata_version(wheel: Path, fix: str = CACHED) -> str | None:
+    """The ``Version:`` its ``.dist-info/METADATA`` says (None: no such member or field)."""
+    with WheelZip(wheel, fix) as zf:
+        name = next((n for n in zf.namelist() if n.count("/") == 1 and n.endswith(".dist-info/METADATA")), None)
+        text = zf.read(name).decode(errors="replace") if name else ""
+    return next((line[8:].strip() for line in text.split("\n") if line.startswith("Version:")), None)
+
+
+def _is_version(text: str, version: Version) -> bool:
+    try:
+        return Version(text) == version
+    except InvalidVersion:
+        return False
 
 
 def wheel_tree(wheel: Path) -> str:
