@@ -351,6 +351,19 @@ def test_a_layer_entry_adding_non_ascii_text_is_taken_and_loads(tmp_path, applie
     assert lint.code == 0 and lint.out["ok"] is True, lint.out
 
 
+def test_a_layer_folder_named_with_a_byte_that_is_not_utf8_is_valid_unicode_in_json(tmp_path):
+    """helper 172: a layer folder whose name holds the byte 0xff was "lay\\udcff" in --json's layers_in_effect (a lone
+    surrogate: no strict reader takes it). Every field of a --json report shows such a byte as U+FFFD, as every line of
+    ours does (``textsafe.decoded``, ``plain``)."""
+    layer = Path(os.fsdecode(bytes(tmp_path) + b"/lay\xff"))
+    assert invoke("layer", "new", layer, "--name", "acme").code == 0
+    res = invoke("lint", "--offline", "--layer", layer)
+    assert res.code == 0, res.text
+    data = json.loads(res.text)
+    json.dumps(data, ensure_ascii=False).encode("utf-8")  # (raised: surrogates not allowed)
+    assert data["layers_in_effect"]["layers"][0]["folder"] == str(tmp_path / "lay\ufffd")
+
+
 def test_add_entry_makes_the_example_layers_first_entry_from_a_commit(tmp_path, applied_clone, monkeypatch):
     """The example's first entry was made by `layer add-entry`; the same commit gives the same file."""
     anchor = '    SGLANG_SPEC_TP_SYNC = EnvStr("all")\n'

@@ -4,6 +4,8 @@ for Markdown (``md``) before any report or console shows it."""
 from __future__ import annotations
 
 import re
+from pathlib import PurePath
+from typing import Any
 
 # DEL, C1 controls (ESC, BEL, CR, CSI...), bidi controls (U+202E: Trojan Source), zero-width characters (a name
 # spelled with U+200B reads as ours): what ``plain`` takes out, and what no series path may hold (``paths.CONTROL``)
@@ -12,12 +14,26 @@ _CONTROLS = re.compile(rf"[\x00-\x08\x0b-\x1f{HIDDEN}]")  # (and C0 controls but
 
 
 _UNDECODED = re.compile("[\udc80-\udcff]")  # a byte git gave that is not UTF-8 (``Git.run``: surrogateescape)
+_SURROGATE = re.compile("[\ud800-\udfff]")  # (those and any other: no UTF-8 stream or strict JSON reader takes one)
 
 
 def plain(text: str) -> str:
     """``text`` without the control characters a terminal acts on, nor bidi controls; a byte that is not UTF-8 is
     U+FFFD (no stream can write it)."""
     return _UNDECODED.sub("\ufffd", _CONTROLS.sub("", text))
+
+
+def decoded(value: Any) -> Any:
+    """A --json report ``value`` (dicts, lists, strings, paths) with each surrogate in its strings (a byte that is not
+    UTF-8, as ``surrogateescape`` keeps it: a folder named with 0xff) as U+FFFD, as ``plain`` shows it: json.dumps
+    wrote it as "\\udcff", which no strict reader takes."""
+    if isinstance(value, dict):
+        return {decoded(k): decoded(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [decoded(v) for v in value]
+    if isinstance(value, PurePath):
+        value = str(value)
+    return _SURROGATE.sub("\ufffd", value) if isinstance(value, str) else value
 
 
 def one_line(text: str) -> str:

@@ -224,11 +224,14 @@ def emit_json(data: dict[str, Any], series: Any = None) -> None:
     """Print a --json report (an error object too) on stdout, carrying the layout's version as "schema" and the
     layers of ``series`` in effect (``load_stack``)."""
     from c128patch.series.layers import layer_rows
+    from c128patch.textsafe import decoded
 
     effect = {"layers_in_effect": {"from": getattr(series, "origin", "--layer"), "layers": [
         {**row, "folder": str(layer.root)} for row, layer in zip(layer_rows(series), series.layers)]}} \
         if getattr(series, "layers", None) or getattr(series, "origin", "") else {}  # (folder: two layers of one name)
-    click.echo(json.dumps({**effect, **data, "schema": SCHEMA_VERSION}, indent=2, sort_keys=True, default=str))
+    # (a layer folder or any field holding a byte that is not UTF-8: U+FFFD, as every line of ours shows it)
+    click.echo(json.dumps(decoded({**effect, **data, "schema": SCHEMA_VERSION}), indent=2, sort_keys=True,
+                          default=str))
 
 
 def handles_errors(fn: Callable) -> Callable:
