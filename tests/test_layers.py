@@ -1252,20 +1252,39 @@ def test_a_layered_trees_commit_without_an_entry_gets_refreshs_own_refusal_with_
 ZMQ = ('    SGLANG_ZMQ_SOURCE_IP = EnvStr(None)\n', '    SGLANG_ZMQ_SOURCE_IP = EnvStr("10.0.0.1")\n')
 
 
-@pytest.fixture
-def zmq_stack(tmp_path: Path, sglang_release_repo: Path) -> tuple[Path, Path, Path]:
+ZMQ_STACK = ("series", "conf", "sglang-conf")  # zmq_stack's folders: (series, layer, tree)
+
+
+@pytest.fixture(scope="module")
+def zmq_stack_built(tmp_path_factory: pytest.TempPathFactory, sglang_release_repo: Path) -> Path:
     """Finding 07's layer: one entry made on v0.5.23 (a line upstream added after v0.5.21), applied with our series
-    (a copy) in a tree on v0.5.23; (series, layer, tree)."""
-    scratch = small_clone(sglang_release_repo, tmp_path / "scratch", "python/sglang/srt/speculative").worktree
+    (a copy) in a tree on v0.5.23: ZMQ_STACK's folders in ``work``, made once, and a copy of them as made in
+    ``pristine`` (``zmq_stack`` puts them back for each test)."""
+    root = tmp_path_factory.mktemp("zmq")
+    scratch = small_clone(sglang_release_repo, root / "scratch", "python/sglang/srt/speculative").worktree
     sha = commit_on(scratch, ENV_PY, *ZMQ, "zmq source ip")
     data = format_patch(Git(worktree=scratch), sha, "conf/zmq-source-ip", "SGLANG_ZMQ_SOURCE_IP")
     gate = ('\n[[gates]]\nname = "SGLANG_ZMQ_SOURCE_IP"\ndeclared_by = "series"\ntype = "str"\n'
             'default = "\\"10.0.0.1\\""\nenables = "site: zmq source ip"\n')
-    layer = write_layer(tmp_path / "conf", name="conf", gates=gate, files={"patches/0001-zmq-source-ip.patch": data},
-                        entries=patch_entry("zmq-source-ip", "0001-zmq-source-ip.patch", data, "SGLANG_ZMQ_SOURCE_IP"))
-    series, tree = copy_series(tmp_path / "series"), tmp_path / "sglang-conf"
+    work = root / "work"
+    series, layer, tree = (work / name for name in ZMQ_STACK)
+    write_layer(layer, name="conf", gates=gate, files={"patches/0001-zmq-source-ip.patch": data},
+                entries=patch_entry("zmq-source-ip", "0001-zmq-source-ip.patch", data, "SGLANG_ZMQ_SOURCE_IP"))
+    copy_series(series)
     assert invoke("apply", "--sglang-rev", "v0.5.23", "--repo", sglang_release_repo, "--tree", tree,
                   "--series", series, "--layer", layer).code == 0
+    subprocess.run(["cp", "-a", str(work), str(root / "pristine")], check=True)
+    return root
+
+
+@pytest.fixture
+def zmq_stack(zmq_stack_built: Path) -> tuple[Path, Path, Path]:
+    """(series, layer, tree) of ``zmq_stack_built``, put back as made for each test to change: at the same paths (cp -a
+    of the copy made then), since the tree's git dir names its layer's folder by its absolute path."""
+    work = zmq_stack_built / "work"
+    shutil.rmtree(work)
+    subprocess.run(["cp", "-a", str(zmq_stack_built / "pristine"), str(work)], check=True)
+    series, layer, tree = (work / name for name in ZMQ_STACK)
     return series, layer, tree
 
 
