@@ -630,18 +630,23 @@ def test_a_stop_says_where_upstream_moved_the_code_a_hunk_edits(tmp_path, series
 # -- the proof fails on what nobody can account for -----------------------------------
 
 
-@pytest.fixture
-def unproven(stopped: Rebased, fresh) -> Run:
-    """At the stop, the conflicts resolved as 0.5.23 has them, plus a line nobody asked for in a
-    file of the entry that merged cleanly; then --continue."""
+@pytest.fixture(scope="module")
+def unproven(stop: Rebased, fresh, tmp_path_factory: pytest.TempPathFactory) -> tuple[Rebased, Run]:
+    """A copy of ``stop`` (as ``stopped``): the conflicts resolved as 0.5.23 has them, plus a line nobody asked for in
+    a file of the entry that merged cleanly; then --continue: (the copy, the run). Made once for its two tests: the
+    first only reads the run, the second (after it, in file order) runs the printed undo in the copy."""
+    root = tmp_path_factory.mktemp("unproven")
+    series = Path(shutil.copytree(stop.series, root / "series"))
+    stopped = Rebased(copied(stop.git.worktree, root / "tree"), series, stop.run, stop.before)
     resolve_like_023(stopped, fresh["v0.5.23"])
     worker = stopped.git.worktree / WORKER
     worker.write_text(worker.read_text() + "# c128patch test: an edit made at the stop\n")
     stopped.git.run("add", WORKER)
-    return rebase(stopped.git, stopped.series, "--continue")
+    return stopped, rebase(stopped.git, stopped.series, "--continue")
 
 
-def test_an_unattributed_difference_fails_the_rebase_with_its_hunk(unproven, stopped):
+def test_an_unattributed_difference_fails_the_rebase_with_its_hunk(unproven):
+    _, unproven = unproven
     assert unproven.code == 1
     assert "finished, but the tree is not proven: differs from a fresh apply" in unproven.err
     assert f"unattributed change in {WORKER}" in unproven.err
@@ -651,7 +656,8 @@ def test_an_unattributed_difference_fails_the_rebase_with_its_hunk(unproven, sto
         if f"  {h['path']} {h['header']}" == hunk)
 
 
-def test_an_unproven_rebase_keeps_the_branch_and_its_printed_undo_works(unproven, stopped):
+def test_an_unproven_rebase_keeps_the_branch_and_its_printed_undo_works(unproven):
+    stopped, unproven = unproven
     assert stopped.git.current_branch() == "c128/v0.5.22"
     undo = next(line for line in unproven.err.splitlines() if line.startswith("  undo: ")).removeprefix("  undo: ")
     subprocess.run(shlex.split(undo), check=True, capture_output=True)
