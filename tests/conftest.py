@@ -102,6 +102,10 @@ def pytest_configure(config: pytest.Config) -> None:
     SIGTERM while xdist waits for its workers) leaves it to the next run, which removes it."""
     _controller.append(not hasattr(config, "workerinput"))
     gc.set_threshold(100_000, 50, 100)  # as the CLI's entry (c128patch.__main__) has it for the commands run here
+    # torch's CPU ops on one thread each (read at its import, after this): a worker per core already, and each op's
+    # second OpenMP thread spun while it waited on a busy machine (test_series3_controller_cpu.py's v0.5.23 decodes:
+    # 24-42 CPU-s with 2 threads, 6-7 with one); the float64 reference checks are the same on either
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
     # the tier imports with this interpreter unless a test asks for the target's environment (tests/test_env.py)
     os.environ.setdefault("C128PATCH_TIER_PYTHON", sys.executable)
     if _controller[-1] and not os.environ.get("C128PATCH_TEST_TMP"):
