@@ -2144,15 +2144,31 @@ def test_a_patch_in_a_plain_transfer_encoding_is_read(tmp_path, encoding):
     assert read_patch(layer / "patches" / "0001-q.patch").files == ["python/sglang/ok.py"]
 
 
+@pytest.fixture(scope="module")
+def applied_023(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Our series applied at v0.5.23 into a new clone (``apply --tree``): made once, copied for each test that starts
+    there (``applied_t``)."""
+    tree = tmp_path_factory.mktemp("applied-023") / "t"
+    assert invoke("apply", "--sglang-rev", "v0.5.23", "--tree", tree, "--series", REPO_ROOT).code == 0
+    return tree
+
+
+@pytest.fixture
+def applied_t(applied_023: Path, tmp_path: Path) -> Path:
+    """tmp_path/t after ``apply --sglang-rev v0.5.23 --tree tmp_path/t --series REPO_ROOT``: a copy of ``applied_023``
+    (cp -a: its .git state with it; the tree records no absolute path of its own), for one test to change."""
+    subprocess.run(["cp", "-a", str(applied_023), str(tmp_path / "t")], check=True)
+    return tmp_path / "t"
+
+
 @pytest.mark.parametrize("lost", ["patches/0003-c128-dspark-record-streams.v0.5.20.patch",
                                   "overlay/sglang/srt/speculative/dspark_components/c128_record_streams.py"])
-def test_a_series_that_lost_a_file_is_one_line_for_status(tmp_path, lost):
+def test_a_series_that_lost_a_file_is_one_line_for_status(tmp_path, applied_t, lost):
     """A series (a pull request's) whose manifest names a variant or an overlay file it no longer holds: `status` of a
     patched tree hashed the series' files for its proof key and printed a FileNotFoundError traceback."""
     from support import copy_series
 
-    tree = tmp_path / "t"
-    assert invoke("apply", "--sglang-rev", "v0.5.23", "--tree", tree, "--series", REPO_ROOT).code == 0
+    tree = applied_t
     series = copy_series(tmp_path / "series")
     (series / lost).unlink()
     refused(["status", "--tree", tree, "--series", series], tree, contains=f"{series / lost} cannot be read")
@@ -2199,14 +2215,13 @@ def test_a_huge_patch_file_is_refused_in_one_line_unread(tmp_path):
         load_series(link)
 
 
-def test_a_provenance_record_that_is_huge_or_a_link_is_refused_in_one_line_unread(tmp_path, monkeypatch):
+def test_a_provenance_record_that_is_huge_or_a_link_is_refused_in_one_line_unread(tmp_path, applied_t, monkeypatch):
     """h133: a tree's `python/sglang/c128patch_provenance.json` was read whole, through whatever stood there: an 8 GB
     sparse file was read into memory (MemoryError's traceback for `status`), a link out of the tree read its target
     as the tree's record; a committed record blob was read whole too (zeros compress to nothing)."""
     from c128patch.series import provenance
 
-    tree = tmp_path / "t"
-    assert invoke("apply", "--sglang-rev", "v0.5.23", "--tree", tree, "--series", REPO_ROOT).code == 0
+    tree = applied_t
     record = tree / provenance.PROVENANCE_PATH
     good = record.rename(tmp_path / "record.json")
     record.symlink_to(good)  # a whole record, outside the tree
@@ -2224,12 +2239,11 @@ def test_a_provenance_record_that_is_huge_or_a_link_is_refused_in_one_line_unrea
     assert provenance.committed(git, "HEAD") is None
 
 
-def test_an_apply_or_rebase_journal_that_is_huge_or_a_link_is_one_line_unread(tmp_path):
+def test_an_apply_or_rebase_journal_that_is_huge_or_a_link_is_one_line_unread(tmp_path, applied_t):
     """h133: a tree's `.git/c128patch/apply.json` or `rebase.json` was read whole, through whatever stood there: an 8 GB
     sparse file was read into memory (MemoryError's traceback for `status` and `apply --continue`), a link out of the
     tree read its target as the tree's journal."""
-    tree = tmp_path / "t"
-    assert invoke("apply", "--sglang-rev", "v0.5.23", "--tree", tree, "--series", REPO_ROOT).code == 0
+    tree = applied_t
     (tmp_path / "elsewhere.json").write_text("{}")
     for name in ("apply", "rebase"):
         journal = tree / ".git" / "c128patch" / f"{name}.json"
@@ -2333,13 +2347,12 @@ def test_a_ledger_is_capped_in_bytes_and_rows_to_what_real_ones_hold(tmp_path):
         Ledger(series).rows()
 
 
-def test_status_never_reads_an_overlay_target_bigger_than_any_overlay(tmp_path, monkeypatch):
+def test_status_never_reads_an_overlay_target_bigger_than_any_overlay(tmp_path, applied_t, monkeypatch):
     """h133: `status` hashed each overlay's target in the tree read whole: an 8 GB sparse file there ran it out of
     memory (MemoryError's traceback). A file bigger than any overlay may be is drift, unread."""
     from c128patch.series.manifest import MAX_SERIES_FILE
 
-    tree = tmp_path / "t"
-    assert invoke("apply", "--sglang-rev", "v0.5.23", "--tree", tree, "--series", REPO_ROOT).code == 0
+    tree = applied_t
     target = "python/sglang/srt/speculative/dspark_components/c128_record_streams.py"
     (tree / target).unlink()
     with open(tree / target, "wb") as f:
