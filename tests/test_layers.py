@@ -1403,15 +1403,14 @@ def test_a_hand_written_merged_in_that_the_entry_s_own_base_contains_is_ignored_
     assert lint.code == 1 and f"merged_in = {old[:12]} is in v0.5.23" in lint.text + lint.err, lint.text
 
 
-def test_a_commit_whose_subject_holds_controls_becomes_a_layer_entry_by_the_command_printed(tmp_path, upstream_clone):
+def test_a_commit_whose_subject_holds_controls_becomes_a_layer_entry_by_the_command_printed(tmp_path, applied_clone):
     """Helper 147: the rebase's note printed ``layer add-entry ... --why $'site fix \\x1b]8;;...'``, the commit's
     subject as it is; add-entry refuses a --why that is not one printable line, so the command printed failed as
     printed. The --why printed is the subject as add-entry takes it."""
-    assert invoke("apply", "--sglang-rev", "v0.5.23", "--repo", upstream_clone).code == 0
     anchor = '    SGLANG_SPEC_TP_SYNC = EnvStr("all")\n'
-    commit_on(upstream_clone, ENV_PY, anchor, anchor + "    # site: the note\n",
+    commit_on(applied_clone, ENV_PY, anchor, anchor + "    # site: the note\n",
               "site fix \x1b]8;;http://evil.example\x07link\x1b]8;;\x07\u2028tail")
-    back = invoke("rebase", "--onto", "v0.5.22", "--tree", upstream_clone, as_json=False)
+    back = invoke("rebase", "--onto", "v0.5.22", "--tree", applied_clone, as_json=False)
     assert back.code == 0, back.err
     made = run_printed(printed_command(back.text, "c128patch layer new "))
     assert made.returncode == 0, made.stdout + made.stderr
