@@ -214,14 +214,10 @@ def test_a_branch_of_the_users_name_naming_the_old_base_keeps_it_and_the_rename_
     assert invoke("status", "--tree", str(git.worktree)).out["equals_series"]
 
 
-def test_a_branch_whose_new_name_is_taken_says_so_and_the_rename_printed_works(
-        sglang_release_repo, series_dir, tmp_path):
+def test_a_branch_whose_new_name_is_taken_says_so_and_the_rename_printed_works(series_dir, tmp_path, fresh):
     """Helper 108's case 08b: with c128/v0.5.23 already a branch (left from an earlier apply), the rebase of
     c128/v0.5.22 onto v0.5.23 kept its name and said nothing. It says so in one line, with commands that work."""
-    run = invoke("apply", "--sglang-rev", "v0.5.22", "--repo", str(sglang_release_repo), "--tree", str(tmp_path / "t"),
-                 "--series", str(series_dir))
-    assert run.code == 0, run.err
-    git = Git(worktree=tmp_path / "t")
+    git = copied(fresh["v0.5.22"].worktree, tmp_path / "t")  # our series applied at v0.5.22
     other = git.rev_parse("HEAD~1")
     git.run("branch", "c128/v0.5.23", other)
     moved = invoke("rebase", "--onto", "v0.5.23", "--tree", str(git.worktree), "--series", str(series_dir),
@@ -302,11 +298,11 @@ def test_a_rebase_onto_the_rev_it_is_on_with_the_same_series_rewrites_nothing(fr
     assert git.head() != head and "mine" in git.out("log", "-3", "--format=%s").splitlines()
 
 
-def test_the_rebase_table_fits_100_columns_piped(sglang_release_repo, series_dir, tmp_path):
+def test_the_rebase_table_fits_100_columns_piped(series_dir, tmp_path, fresh):
     """Issue 37: output a person reads. rebase's table was ~150 columns piped (its file column the whole overlay
     path on one line); it fits 100, as matrix's does, each entry name whole, each file named as check names it
     (primary or a release's variant, by which rule; an overlay), not its path folded over 3-5 lines."""
-    git = apply_into(sglang_release_repo, tmp_path / "t", series_dir, "v0.5.22")
+    git = copied(fresh["v0.5.22"].worktree, tmp_path / "t")  # our series applied at v0.5.22
     run = invoke("rebase", "--onto", "v0.5.23", "--tree", str(git.worktree), "--series", str(series_dir),
                  as_json=False, env={"COLUMNS": "400"})
     assert run.code == 0, run.err
@@ -322,12 +318,12 @@ def test_the_rebase_table_fits_100_columns_piped(sglang_release_repo, series_dir
 
 
 def test_the_closing_check_says_the_series_is_not_up_to_date_when_upstream_changed_a_name_the_lock_records(
-        sglang_release_repo, tmp_path):
+        tmp_path, fresh):
     """The closing ``refresh --check`` derives the contract on the new tip (each file parsed once per process, as
     its text): onto a v0.5.23 whose record_stream_for_v2_verify gained a parameter, the lock would change, so the
     next refresh is printed, never "up to date"."""
     series = copy_series(tmp_path / "series")
-    git = apply_into(sglang_release_repo, tmp_path / "tree", series, "v0.5.22")
+    git = copied(fresh["v0.5.22"].worktree, tmp_path / "tree")  # (fresh's series: the same files as this copy)
     spec_utils = "python/sglang/srt/speculative/spec_utils.py"
     old = "def record_stream_for_v2_verify(batch, verify_input, fwd_stream):"
     text = git.blob("v0.5.23", spec_utils).decode()
