@@ -483,7 +483,8 @@ def test_the_target_sees_no_token_no_home_and_no_fake_torch(tmp_path, tmp_path_f
     for got in (json.loads(f.read_text()) for f in files):
         assert "GITHUB_TOKEN" not in got["env"] and "ghp_secret" not in json.dumps(got)
         assert got["env"]["HOME"] != os.environ["HOME"] and not Path(got["env"]["HOME"]).exists()
-        assert set(got["env"]) <= {*KEEP, "HOME", "TMPDIR", *treecheck._gates(SERIES)}, got["env"]
+        assert set(got["env"]) <= {*KEEP, "HOME", "TMPDIR", *treecheck._gates(SERIES), *treecheck.TIER_ENV}, got["env"]
+        assert got["env"]["OMP_NUM_THREADS"] == "1"  # (a constant of ours, never the operator's)
         assert str(tree) not in got["torch"] and str(tree) not in got["json"]
     assert not marker.exists()
     assert result.env["isolation"] == sandbox.isolation()

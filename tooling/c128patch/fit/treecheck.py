@@ -35,6 +35,7 @@ from c128patch.textsafe import one_line, some
 RUNNER = Path(__file__).with_name("treecheck_runner.py")
 SCENARIOS = Path(__file__).with_name("scenarios_runner.py")  # the series' DSPARK scenarios, run after the imports
 ENVIRON = "python/sglang/srt/environ.py"
+TIER_ENV = {"OMP_NUM_THREADS": "1"}  # what the tier's box gets besides the allow-list: constants, never the operator's
 _MARKER = re.compile(r"^(<{7}|>{7})( |$)")
 # (module, zero-argument function, truthy with the gates on, with them off): behaviour the gates switch
 PROBES = (("sglang.srt.layers.attention.dsv4.online_c128_dspark", "online_c128_dspark_env", True, False),)
@@ -168,7 +169,9 @@ class Pending:
         args = ["-c", RUNNER.read_text(), str((tree / PY_ROOT).resolve()), json.dumps(_gates(series)),
                 json.dumps([p for p in PROBES if p[0] in self.modules]), json.dumps(env_ops.stand_ins(series)),
                 json.dumps(env_ops.defines(series)), preload, str(SCENARIOS), *self.modules]
-        self.box = Sealed(python, args, timeout, offline=True, readable=(str(tree / PY_ROOT), str(SCENARIOS.parent)))
+        # (torch's second OpenMP thread only spun waiting for the first: 16 % of a tier's CPU, helper 171)
+        self.box = Sealed(python, args, timeout, env=TIER_ENV, offline=True,
+                          readable=(str(tree / PY_ROOT), str(SCENARIOS.parent)))
 
     def finish(self) -> TreecheckResult:
         imports = check_imports(self.tree, self.modules)  # while the box runs
