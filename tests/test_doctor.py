@@ -779,3 +779,26 @@ def test_a_layer_doctor_cannot_read_is_said_as_an_error_not_dropped(tmp_path: Pa
     assert res.code == 1 and len(said) == 1, res.out
     assert "not read" in said[0] and "an interrupted refresh cannot be finished" in said[0] and str(layer) in said[0]
     assert (tmp_path / "victim.txt").read_text() == "keep"
+
+
+FORGE = "import __main__, os, sys\n__main__.answer({answer})\nsys.__stdout__.flush()\nos._exit(0)\n"
+
+
+@pytest.mark.parametrize("answer", ["{'x': 1}", "{'import_error': 5, 'args_error': '', 'args_checked': True, "
+                                    "'parser_built': True, 'required_missing': 7}", "[]"])
+def test_an_answer_the_installed_sglang_writes_itself_is_checked_not_a_traceback(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, answer: str):
+    """Helper 173: the installed code runs in the probe's process and can call its ``answer`` (``__main__.answer``)
+    and ``os._exit``: a wrong-shaped answer was taken as the probe's and doctor ended in a TypeError/KeyError
+    traceback. It is an error naming the forged answer now."""
+    (tmp_path / "forger").mkdir()
+    (tmp_path / "forger" / "__init__.py").write_text(FORGE.format(answer=answer))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.setitem(serving.MODULES, "package", "forger")
+    sv = serving.probe_serving(sys.executable, [])
+    assert "its answer line is not the probe's" in sv.import_error and not sv.args_checked, sv
+    environ = tmp_path / serving.ENVIRON
+    environ.parent.mkdir(parents=True)
+    environ.write_text(FORGE.format(answer="{'environ_error': '', 'gates': [{'declared': True}], 'startup': {}}"))
+    got = serving.probe_install(sys.executable, str(tmp_path), ["SGLANG_X"], [])
+    assert got.error.startswith("its answer line is not the probe's") and not got.data, got

@@ -18,7 +18,7 @@ import stat
 import subprocess
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from c128patch.errors import C128Error
 from c128patch.procs import CREDENTIAL, Group, contained_prefix
@@ -159,9 +159,12 @@ class Answer:
     seconds: float = 0.0
 
 
-def ask(python: str, script: str, payload: Any, timeout: float) -> Answer:
+def ask(python: str, script: str, payload: Any, timeout: float,
+        problem: Callable[[dict], str | None] = lambda data: None) -> Answer:
     """Run ``script`` in ``python`` (its own process group, ended on return) and read its one answer line: the
-    only line naming ``_MARK``, with this run's secret (the installed code, which shares its stdout, may print one)."""
+    only line naming ``_MARK``, with this run's secret (the installed code, which shares its stdout, may print one),
+    holding an object ``problem`` finds nothing wrong with (the installed code runs in that process and can reach the
+    script's ``answer``: what it writes there is checked, not trusted, helper 173)."""
     started, mark = time.monotonic(), f"{_MARK}-{secrets.token_hex(16)} "
     try:
         proc = _run(python, [script, json.dumps(payload)], timeout, mark + "\n")
@@ -179,9 +182,14 @@ def ask(python: str, script: str, payload: Any, timeout: float) -> Answer:
                             "forged one", seconds=seconds)
     if found:
         try:
-            return Answer(dict(json.loads(found[0][len(mark):])), seconds=seconds)
-        except (ValueError, TypeError, RecursionError):
-            return Answer(error="its answer line is not a JSON object", seconds=seconds)
+            data = json.loads(found[0][len(mark):])
+        except (ValueError, RecursionError):
+            data = None
+        wrong = problem(data) if isinstance(data, dict) else "not a JSON object"
+        if wrong:
+            return Answer(error=f"its answer line is not the probe's ({wrong}): code it loaded wrote it",
+                          seconds=seconds)
+        return Answer(data, seconds=seconds)
     if proc.returncode == 0:
         return Answer(error="it exited (status 0) without an answer: code it loaded ended the process",
                       seconds=seconds)
@@ -296,7 +304,7 @@ class Serving:
 
 def probe_serving(python: str, launch_args: Sequence[str]) -> Serving:
     """``import sglang`` in ``python``, and ``launch_args`` through its parser."""
-    got = ask(python, _SERVING, [MODULES, list(launch_args)], TIMEOUT)
+    got = ask(python, _SERVING, [MODULES, list(launch_args)], TIMEOUT, _serving_problem)
     if got.error:
         not_checked = " (the import did not finish)" if got.error.startswith("it did not finish") else ""
         return Serving(import_error=got.error, args_error=f"not checked{not_checked}", seconds=got.seconds)
@@ -306,4 +314,43 @@ def probe_serving(python: str, launch_args: Sequence[str]) -> Serving:
 def probe_install(python: str, site: str, gates: list[str], launch_args: Sequence[str]) -> Answer:
     """The gates as the installed ``environ.py`` reads them, and what the installed rules refuse."""
     payload = [os.path.join(site, ENVIRON), gates, os.path.join(site, ONLINE_C128_DSPARK_RULES), list(launch_args)]
-    return ask(python, _INSTALL, payload, INSTALL_TIMEOUT)
+    return ask(python, _INSTALL, payload, INSTALL_TIMEOUT, lambda data: _install_problem(data, len(gates)))
+
+
+def _typed(data: dict, types: dict[str, type | tuple[type, ...]]) -> str | None:
+    """The first key of ``types`` that ``data`` lacks or holds with another type (None: all are there)."""
+    for key, kind in types.items():
+        if key not in data or not isinstance(data[key], kind) or kind is int and isinstance(data[key], bool):
+            return f"{key}: {type(data.get(key)).__name__}"
+    return None
+
+
+def _strings(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def _serving_problem(data: dict) -> str | None:
+    """What makes ``data`` not ``_SERVING``'s answer (None: it is)."""
+    if set(data) != {"import_error", "args_error", "args_checked", "parser_built", "required_missing"}:
+        return "other keys"
+    return _typed(data, {"import_error": str, "args_error": str, "args_checked": bool, "parser_built": bool}) or (
+        None if _strings(data["required_missing"]) else "required_missing: not a list of strings")
+
+
+def _install_problem(data: dict, gates: int) -> str | None:
+    """What makes ``data`` not ``_INSTALL``'s answer for ``gates`` gates (None: it is)."""
+    wrong = _typed(data, {"environ_error": str, "gates": list, "startup": dict})
+    if wrong:
+        return wrong
+    if not data["environ_error"] and len(data["gates"]) != gates:
+        return f"{len(data['gates'])} gates for {gates}"
+    for gate in data["gates"]:
+        wrong = "a gate: not an object" if not isinstance(gate, dict) else _typed(
+            gate, {"declared": bool, "raw": (str, type(None)), "problem": str})
+        if wrong or "value" not in gate or "default" not in gate:
+            return wrong or "a gate without value and default"
+    st = data["startup"]
+    wrong = _typed(st, {"path": str, "available": bool, "config": dict, "error": str})
+    if wrong or not _strings(st.get("refusals")):
+        return f"startup {wrong or 'refusals: not a list of strings'}"
+    return _typed(st, {k: str for k in ("gate", "env_error") if k in st})
