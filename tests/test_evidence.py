@@ -736,6 +736,18 @@ def test_a_huge_results_file_is_one_line_unread(tmp_path):
         "file of ours may hold; not read", res.err
 
 
+def test_a_results_file_with_a_number_past_pythons_digit_limit_is_one_line(tmp_path):
+    """Helper 173: a committed result holding an integer of 5000 digits (json.loads: a ValueError, not a
+    JSONDecodeError) ended `matrix` in a traceback. Now one line naming the file."""
+    results = tmp_path / "results"
+    shutil.copytree(REPO_ROOT / "ci" / "gpu" / "results", results)
+    compile_json = results / "v0.5.23" / "compile.json"
+    compile_json.write_text(compile_json.read_text().replace('"date"', f'"seconds": {"9" * 5000}, "date"', 1))
+    res = invoke("matrix", "--results", str(results), "--sglang-rev", "v0.5.23", as_json=False)
+    assert res.code == 2 and res.err.strip() == f"c128patch: error: {compile_json}: not valid JSON (a number too " \
+        "long to read)", res.err
+
+
 @pytest.mark.parametrize("field, value", [("kernels", None), ("kernels", "x"), ("kernels", [1]), ("ok", "false"),
                                           ("ok", [0]), ("ok", 1)])
 def test_a_results_file_with_a_field_of_another_type_is_one_line_or_not_verified(tmp_path, field, value):

@@ -107,6 +107,8 @@ def read_json(path: Path) -> dict[str, Any] | None:
         raise C128Error(f"{path}: not valid JSON ({exc.msg})") from exc
     except RecursionError:
         raise C128Error(f"{path}: nested too deeply to read") from None
+    except ValueError:  # (an integer past Python's digit limit: a ValueError traceback, helper 173)
+        raise C128Error(f"{path}: not valid JSON (a number too long to read)") from None
     except OSError as exc:
         raise C128Error(f"cannot read {path}: {exc.strerror}") from None
     if not isinstance(doc, dict):
