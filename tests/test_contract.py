@@ -1108,3 +1108,19 @@ def test_tvm_ffi_pin_refuses_an_upstream_version_that_leaves_the_series(tmp_path
 
     with pytest.raises(C128Error, match="the lock of upstream's __version__"):
         contract_cxx.tvm_ffi_pin(series, Blobs(), "HEAD")
+
+
+@pytest.mark.parametrize("pyproject", [f"x = {'9' * 5000}\n", "project = 1\n", "[project]\ndependencies = 5\n",
+                                       "[project]\ndependencies = {'apache-tvm-ffi==6.6.6' = 1}\n",
+                                       "a = " + "[" * 5000 + "]" * 5000 + "\n"])
+def test_tvm_ffi_pin_reads_a_hostile_upstream_pyproject_as_unpinned(tmp_path, pyproject: str):
+    """Helper 173: upstream's ``python/pyproject.toml`` (the pin `contract`'s install hint prints where tvm-ffi is
+    not installed) was read trusting its shape: an integer past Python's digit limit (a ValueError tomllib does not
+    wrap), ``project = 1`` or ``dependencies = 5`` ended `contract` in a traceback; a table's keys were read as its
+    pins. Now it names no pin: unpinned."""
+
+    class Blobs:
+        def blob(self, head: str, path: str) -> bytes | None:
+            return pyproject.encode() if path.endswith("pyproject.toml") else None
+
+    assert contract_cxx.tvm_ffi_pin(tmp_path, Blobs(), "HEAD") == contract_cxx.TVM_FFI

@@ -242,10 +242,12 @@ def tvm_ffi_pin(series_root: Path, git: Git, head: str) -> str:
             return False
 
     text = (git.blob(head, "python/pyproject.toml") or b"").decode(errors="replace")
-    try:
-        lines = tomllib.loads(text).get("project", {}).get("dependencies", []) if text else []
-    except tomllib.TOMLDecodeError:
-        lines = []
+    try:  # upstream's file: input (TOMLDecodeError, an integer past Python's digit limit, another shape: helper 173)
+        project = tomllib.loads(text).get("project") if text else None
+    except (ValueError, RecursionError):
+        project = None
+    lines = project.get("dependencies") if isinstance(project, dict) else None
+    lines = lines if isinstance(lines, list) else []
     if not lines and (found := _VERSION.search((git.blob(head, "python/sglang/_version.py") or b"").decode(
             errors="replace"))) and (lock := confine(series_root, f"patches/env/v{found[1]}.lock",  # upstream's
                                                      "the lock of upstream's __version__")).is_file():
