@@ -72,6 +72,25 @@ def test_a_tree_with_a_pyproject_gives_its_own_requirements(tmp_path):
         env.filtered(*env.declared(tmp_path)[:1], CUDA)
 
 
+@pytest.mark.parametrize("kind", ["digits", "deep", "link"])
+def test_a_hostile_tree_pyproject_is_one_line_not_a_traceback_nor_read_through_a_link(tmp_path, kind):
+    """Helper 173: the target tree's ``python/pyproject.toml`` (the behavioural tier's requirements) was read through
+    a link out of the tree (its requirements taken from a file of the link's choosing), and a number past Python's
+    digit limit (a ValueError tomllib does not wrap) or a deep array (RecursionError) was a traceback. Now one line
+    naming it."""
+    tree = tmp_path / "tree"
+    (tree / "python").mkdir(parents=True)
+    pyproject = tree / "python" / "pyproject.toml"
+    if kind == "link":
+        (tmp_path / "outside.toml").write_text('[project]\ndependencies = ["evil"]\n')
+        pyproject.symlink_to(tmp_path / "outside.toml")
+    else:
+        pyproject.write_text(f"x = {'9' * 5000}\n" if kind == "digits" else "x = " + "[" * 3000 + "]" * 3000 + "\n")
+    with pytest.raises(C128Error) as caught:
+        env.declared(tree)
+    assert "pyproject.toml" in caught.value.message and "\n" not in caught.value.message, caught.value.message
+
+
 @pytest.mark.parametrize("rev", RELEASES)
 def test_each_committed_lock_is_what_the_script_writes_from_its_release(rev):
     text = (SERIES.patches_dir / "env" / f"{rev}.lock").read_text()

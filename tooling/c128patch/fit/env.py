@@ -33,6 +33,7 @@ from c128patch.jsonio import read_json, write_atomic
 from c128patch.progress import NullReporter, Reporter
 from c128patch.series.manifest import Series, read_series_file, tomllib
 from c128patch.series.paths import confine
+from c128patch.textsafe import one_line
 from c128patch.upstream.releases import WheelZip, cache_dir, ensure_folder, locked, wheel_for
 
 TORCH_PIN = "torch==2.13.0"  # the CPU build; the operator may name another: $C128PATCH_TORCH_PIN
@@ -95,15 +96,17 @@ def defines(series: Series) -> dict[str, list[str]]:
 def declared(tree: Path) -> tuple[list[str], str]:
     """The tree's requirement lines and where they came from."""
     pyproject = tree / "python" / "pyproject.toml"
-    if pyproject.is_file():
+    if os.path.lexists(pyproject):  # the target's file: a regular one in the tree, 64 MiB at most (helper 173)
+        confine(tree, "python/pyproject.toml", "the tree's python/pyproject.toml", regular=True)
         try:
-            deps = tomllib.loads(pyproject.read_text())["project"]["dependencies"]
+            deps = tomllib.loads(read_series_file(pyproject).decode("utf-8"))["project"]["dependencies"]
             if not isinstance(deps, list) or not all(isinstance(d, str) for d in deps):
                 raise TypeError("not a list of strings")
             return deps, "python/pyproject.toml"
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError, LookupError, TypeError) as exc:
+        except (ValueError, RecursionError, LookupError, TypeError) as exc:  # (TOMLDecodeError, not UTF-8, a number
+            # past Python's digit limit: a ValueError tomllib does not wrap)
             raise C128Error(f"{pyproject}: no [project].dependencies list to build the tier's environment from "
-                            f"({type(exc).__name__}: {exc})") from None
+                            f"({type(exc).__name__}: {one_line(str(exc))[:200]})") from None
     found = _VERSION.search((p.read_text(errors="replace") if (p := tree / "python/sglang/_version.py").is_file()
                              else ""))
     if not found:
