@@ -581,6 +581,17 @@ def test_a_hostile_cuda_only_row_is_refused_in_one_line(tmp_path, row):
     assert "\n" not in exc.value.message
 
 
+def test_a_cuda_only_table_with_a_number_past_pythons_digit_limit_is_one_line(tmp_path):
+    """Helper 173: tomllib raises a plain ValueError (not TOMLDecodeError) for an integer past Python's 4300-digit
+    limit: ``patches/env/cuda-only.toml`` holding one was a traceback. Now one line naming the file."""
+    (tmp_path / "patches" / "env").mkdir(parents=True)
+    (tmp_path / "patches" / "series.toml").write_text('[series]\nname = "s"\nversion = "1"\nbase = "v0.5.23"\n')
+    (tmp_path / "patches" / "env" / "cuda-only.toml").write_text(f"tv = {'9' * 5000}\n")
+    with pytest.raises(C128Error, match=r"cuda-only\.toml: not TOML") as exc:
+        env.cuda_only(load_series(tmp_path))
+    assert "\n" not in exc.value.message
+
+
 def test_the_committed_cuda_only_table_is_taken():
     assert CUDA["torchvision"]["defines"] and env.defines(SERIES) == {"torchvision": CUDA["torchvision"]["defines"]}
 

@@ -65,8 +65,8 @@ def cuda_only(series: Series) -> dict[str, dict]:
         confine(series.root, "patches/env/cuda-only.toml", "the series' CUDA-only table", regular=True)
     try:
         table = tomllib.loads(read_series_file(path).decode("utf-8")) if path.is_file() else {}  # (64 MiB at most)
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise C128Error(f"{path}: not TOML ({exc})") from None
+    except (ValueError, RecursionError) as exc:  # (TOMLDecodeError, not UTF-8, a number past the digit limit)
+        raise C128Error(f"{path}: not TOML ({one_line(str(exc))[:200] or 'nested too deeply'})") from None
     for name, row in table.items():  # input: a row of another shape, or a key line ("said") forged in ``build``
         imports, ops = (row.get("imports"), row.get("defines", [])) if isinstance(row, dict) else (None, None)
         if not (isinstance(imports, list) and all(isinstance(n, str) and all(p.isidentifier() for p in n.split("."))
