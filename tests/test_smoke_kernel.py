@@ -714,3 +714,24 @@ def test_staging_a_tree_refuses_a_file_that_is_a_link_out_of_it(tmp_path):
     with pytest.raises(smoke_trees.C128Error, match="leak.py goes through the symlink"):
         smoke_trees.stage(suite, {"patched": tree}, tmp_path / "dest")
     assert not [p for p in (tmp_path / "dest").rglob("*") if p.is_file() and "SECRET" in p.read_text()]
+
+
+def test_a_results_file_the_suite_wrote_past_pythons_digit_limit_is_unreadable_not_a_traceback(tmp_path):
+    """Helper 173: the JSON files a pass's suite (the target's code) writes to its results folder were read catching
+    only JSONDecodeError: a 5000-digit integer or a 10000-deep array ended the smoke run in a traceback. Now each is
+    said unreadable, as invalid JSON is."""
+    from types import SimpleNamespace
+
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "digits.json").write_text(f'{{"n": {"9" * 5000}}}')
+    (results / "deep.json").write_text("[" * 10000 + "]" * 10000)
+    (tmp_path / "log").write_text("")
+    spec = SimpleNamespace(label="x", tree=tmp_path, upstream=None, scale=1, timeout=1, collect_only=True,
+                           sanitizer=None)
+    proc = SimpleNamespace(proc=None, log=tmp_path / "log", argv=[], leftover=[])
+    run = SimpleNamespace(spec=spec, proc=proc, rows_path=tmp_path / "rows.jsonl", results=results, start=0.0,
+                          end=0.0, timed_out=False)
+    got = smoke_pass._result(run)["results"]
+    assert got == {"digits": {"unreadable": str(results / "digits.json")},
+                   "deep": {"unreadable": str(results / "deep.json")}}, got

@@ -553,3 +553,12 @@ def test_smokes_probes_run_no_module_of_the_current_folder(monkeypatch, tmp_path
     with contextlib.suppress(C128Error):
         smoke_server.installed_sglang(sys.executable)
     assert not marker.exists(), marker.read_text()
+
+
+def test_a_rows_line_the_target_wrote_past_pythons_digit_limit_or_nested_deep_is_left_out(tmp_path):
+    """Helper 173: the rows file (written by the target's code during a smoke run) was read catching only
+    JSONDecodeError: a 5000-digit integer (a ValueError) or a line nested 10000 deep (RecursionError) ended the run
+    in a traceback. Such a line is left out, as a line a kill cut."""
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(f'{{"event": "start"}}\n{{"n": {"9" * 5000}}}\n{"[" * 10000}{"]" * 10000}\n{{"event": "finish"}}\n')
+    assert smoke_logs.read_jsonl(rows) == [{"event": "start"}, {"event": "finish"}]

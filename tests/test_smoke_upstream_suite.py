@@ -651,3 +651,11 @@ def test_smoke_json_says_it_runs_the_trees_code_unsealed_on_stderr_and_in_the_do
     res = invoke("smoke", "upstream", "--tree", str(checkout), "--list", "--out", str(tmp_path / "out"))
     assert res.err.count(UNSEALED) == 1, res.err
     assert json.loads(res.text)["runs_target_code"] == UNSEALED
+
+
+@pytest.mark.parametrize("text", [f'{{"n": {"9" * 5000}}}', "[" * 10000 + "]" * 10000, "\udcff"])
+def test_a_sources_json_past_pythons_digit_limit_deep_or_not_utf8_is_unreadable_not_a_traceback(tmp_path, text):
+    """Helper 173: SOURCES.json was read catching only JSONDecodeError: a 5000-digit integer, a 10000-deep array
+    or bytes that are not UTF-8 ended the run in a traceback. Now it is said unreadable, as invalid JSON is."""
+    (tmp_path / us.SOURCES).write_bytes(text.encode(errors="surrogateescape"))
+    assert set(us.sources_of(tmp_path)["sources"]) == {"unreadable"}

@@ -183,7 +183,7 @@ def read_jsonl(path: Path) -> list[Any]:
     """Each JSON line of a file that may not exist, a line cut by a kill left out."""
     rows = []
     for line in path.read_text(errors="replace").splitlines() if path.is_file() else []:
-        with contextlib.suppress(json.JSONDecodeError):
+        with contextlib.suppress(ValueError, RecursionError):  # (a number past Python's digit limit, a deep line)
             rows.append(json.loads(line))
     return rows
 

@@ -175,7 +175,7 @@ def _result(run: _Running) -> dict[str, Any]:
     for path in sorted(run.results.glob("*.json")):
         try:
             results[path.stem] = json.loads(path.read_text())
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # the target's file: a number past Python's digit limit, deep, not UTF-8
             results[path.stem] = {"unreadable": str(path)}
     result: dict[str, Any] = {
         "label": spec.label, "tree": str(spec.tree), "upstream_tree": str(spec.upstream) if spec.upstream else None,

@@ -77,8 +77,8 @@ def sources_of(root: Path) -> dict[str, Any]:
     if (root / SOURCES).is_file():
         try:
             out["sources"] = json.loads((root / SOURCES).read_text())
-        except json.JSONDecodeError as exc:
-            out["sources"] = {"unreadable": f"{root / SOURCES}: {exc.msg}"}
+        except (ValueError, RecursionError) as exc:  # a number past Python's digit limit, deep, not UTF-8
+            out["sources"] = {"unreadable": f"{root / SOURCES}: {getattr(exc, 'msg', None) or type(exc).__name__}"}
     return out
 
 
