@@ -1180,19 +1180,42 @@ def test_the_second_add_entry_prints_a_next_that_works_where_the_first_ones_tree
     assert [c for c in stacked.out("log", "--format=%s", "-3").splitlines()][1:] == ["acme: two", "acme: one"]
 
 
-def test_two_dependent_commits_added_child_first_are_placed_in_the_branch_s_order_and_apply(tmp_path, applied_clone):
-    """Helper 170: commit two edits the line commit one adds; `add-entry HEAD` then `add-entry HEAD~1` wrote the layer
-    as [two, one], and the printed apply stopped at two ("v0.5.23 has no line ... not an entry of ours"). The
-    second is placed before the entry its commit is below, and says so; the apply printed is proven."""
+def test_a_commit_made_on_one_the_layer_lacks_is_refused_naming_it_then_both_in_order_apply(tmp_path, applied_clone):
+    """Helper 169: `add-entry HEAD` of a commit that edits the line its parent adds (the parent in no layer) wrote the
+    entry, exit 0, and printed a `next: c128patch apply ... --layer` that stopped ("patch failed"). Now refused before
+    anything is written, naming the parent; added oldest first, both are taken and the printed apply is proven."""
     layer = tmp_path / "acme"
     assert invoke("layer", "new", layer, "--name", "acme").code == 0
     anchor = '    SGLANG_SPEC_TP_SYNC = EnvStr("all")\n'
-    commit_on(applied_clone, ENV_PY, anchor, f"{anchor}    # acme: one\n", "acme: one")
+    one = commit_on(applied_clone, ENV_PY, anchor, f"{anchor}    # acme: one\n", "acme: one")
     commit_on(applied_clone, ENV_PY, "    # acme: one\n", "    # acme: one, changed\n    # acme: two\n", "acme: two")
+    before = folder_files(layer)
+    res = invoke("layer", "add-entry", "--layer", layer, "--from-commit", "HEAD", "--tree", applied_clone, "--name",
+                 "two", "--why", "w", as_json=False)
+    assert res.code != 0 and "does not apply" in res.err and one[:12] in res.err, res.err
+    assert len(res.err.strip().splitlines()) == 1 and "nothing was written" in res.err
+    assert folder_files(layer) == before
+    for rev, name in (("HEAD~1", "one"), ("HEAD", "two")):
+        res = invoke("layer", "add-entry", "--layer", layer, "--from-commit", rev, "--tree", applied_clone, "--name",
+                     name, "--why", "w", as_json=False)
+        assert res.code == 0, res.err
+    assert [e.name for e in load_series(layer).entries] == ["one", "two"]
+    ran = run_printed(res.text.split("  next: ", 1)[1].strip())
+    assert ran.returncode == 0 and "identical to a fresh apply" in ran.stdout + ran.stderr, ran.stderr
+
+
+def test_two_commits_added_child_first_are_placed_in_the_branch_s_order_and_apply(tmp_path, applied_clone):
+    """Helper 170: two commits of the branch added child first (`add-entry HEAD`, then `HEAD~1`) were written as
+    [two, one], out of the branch's order; the second is placed before the entry its commit is below, and says so."""
+    layer = tmp_path / "acme"
+    assert invoke("layer", "new", layer, "--name", "acme").code == 0
+    anchor, other = '    SGLANG_SPEC_TP_SYNC = EnvStr("all")\n', "    SGLANG_USE_MODELSCOPE = EnvBool(False)\n"
+    commit_on(applied_clone, ENV_PY, anchor, f"{anchor}    # acme: one\n", "acme: one")
+    commit_on(applied_clone, ENV_PY, other, f"{other}    # acme: two\n", "acme: two")
     for rev, name in (("HEAD", "two"), ("HEAD~1", "one")):
         res = invoke("layer", "add-entry", "--layer", layer, "--from-commit", rev, "--tree", applied_clone, "--name",
                      name, "--why", "w", as_json=False)
-        assert res.code == 0, res.text
+        assert res.code == 0, res.err
     assert "placed before acme/two" in res.text, res.text
     assert [e.name for e in load_series(layer).entries] == ["one", "two"]
     ran = run_printed(res.text.split("  next: ", 1)[1].strip())

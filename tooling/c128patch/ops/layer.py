@@ -13,6 +13,7 @@ import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from c128patch import procs
 from c128patch.errors import C128Error
@@ -20,13 +21,14 @@ from c128patch.git import Git
 from c128patch.ops.lint import Finding, lint_series
 from c128patch.ops.merged import entries_making, entry_making
 from c128patch.ops.refresh import base_label, bumped, format_patch, slug
-from c128patch.ops.treestate import fault_point
+from c128patch.ops.replay import FAILED, replay_in_index
+from c128patch.ops.treestate import fault_point, tree_layers
 from c128patch.series import txn
-from c128patch.series.layers import SEP, check_layer_name, known_bases, load_layer
+from c128patch.series.layers import SEP, check_layer_name, known_bases, load_layer, stack
 from c128patch.series.manifest import MANIFEST, Entry, Series, load_series
 from c128patch.series.paths import check_entry_name, check_relpath, not_a_file
 from c128patch.series.plan import sources_at
-from c128patch.series.provenance import PROVENANCE_PATH, read_provenance
+from c128patch.series.provenance import PROVENANCE_PATH, applied_layers, read_provenance
 from c128patch.series.trailers import ENTRY_TRAILER
 from c128patch.textsafe import shell_join
 
@@ -75,10 +77,11 @@ def new_layer(folder: Path, name: str, series: Series, base: str = "") -> Series
     return load_layer(folder, series)
 
 
-def _refuse_unsound(layer: Series, updated: Series, name: str, files: dict[str, bytes], sha: str) -> None:
+def _refuse_unsound(layer: Series, updated: Series, name: str, files: dict[str, bytes], sha: str,
+                    replay: Callable[[Path], None]) -> None:
     """Lint the layer as ``updated`` in a scratch copy: an error about the new entry's patch file (what the commit
     changes) refuses it before anything is written (it was written, then reported, with no way back but editing the
-    manifest; helper 101)."""
+    manifest; helper 101); then ``replay`` (``_refuse_unreplayable``) that copy."""
     for rel in files:  # (a folder or FIFO at the new patch's name: IsADirectoryError's traceback in the trial copy)
         if os.path.lexists(layer.root / rel) and not (layer.root / rel).is_file():
             raise C128Error(f"cannot add commit {sha[:12]} to layer {layer.name}: {rel} {not_a_file(layer.root / rel)} "
@@ -91,9 +94,34 @@ def _refuse_unsound(layer: Series, updated: Series, name: str, files: dict[str, 
         errors = [f for f in lint_series(load_series(trial)) if f.level == "error" and f.entry == name
                   and f.message.startswith(tuple(files))]  # the patch's own (a gate the layer must describe: the
         # layer is fixed after, as docs/layers.md has it)
-    if errors:
-        raise C128Error(f"commit {sha[:12]} cannot be an entry of layer {layer.name}: {errors[0].message} (lint); "
-                        "change the commit (git commit --amend), then add it; nothing was written")
+        if errors:
+            raise C128Error(f"commit {sha[:12]} cannot be an entry of layer {layer.name}: {errors[0].message} (lint); "
+                            "change the commit (git commit --amend), then add it; nothing was written")
+        replay(trial)
+
+
+def _refuse_unreplayable(series: Series, git: Git, layer: Series, trial: Path, full: str, sha: str, base: str) -> None:
+    """The stack the printed ``next`` replays (the tree's layers, this one as ``trial``; or this one alone), replayed
+    at ``base``: a new entry that does not apply there is refused, naming the commits of yours below it the layer
+    lacks (one made on a commit the layer does not carry was written, and the `apply` printed stopped at it)."""
+    record = read_provenance(git.cwd)
+    names = applied_layers(record)
+    folders = [trial if n == layer.name else f for n, f in zip(names, tree_layers(git))] \
+        if layer.name in names else [trial]
+    with procs.scratch("c128layer-") as tmp:
+        result, _ = replay_in_index(stack(series, folders), git, layer.base, base, Path(tmp) / "index",
+                                    keep_index=False)
+    row = next((r for r in result.entries if r.name == full), None)
+    if row is None or row.status not in FAILED:
+        return
+    carried = set(entries_making(git, layer, git.lines("rev-list", f"{base}..{sha}^")))
+    lacking = [c[:12] for c in git.lines("rev-list", "--reverse", f"{base}..{sha}^")
+               if c not in carried and not _entry_of(git, c)]
+    raise C128Error(f"commit {sha[:12]} does not apply on {layer.base} with the series and the layers' entries "
+                    f"before it ({row.status}: {row.detail or ', '.join(row.conflicts)}); "
+                    + (f"it is made on commits of yours the layer does not carry ({', '.join(lacking)}): add those "
+                       "first (layer add-entry --from-commit, oldest first), then this one" if lacking else
+                       "change the commit so that it does") + "; nothing was written")
 
 
 def add_entry(folder: Path, series: Series, git: Git, commit: str, why: str, gate: str = "",
@@ -162,7 +190,8 @@ def _add_entry(folder: Path, series: Series, git: Git, commit: str, why: str, ga
     at = _place(git, layer, sha)
     updated = Series(layer.root, layer.name, version, layer.base, [*layer.entries[:at], entry, *layer.entries[at:]],
                      gates=layer.gates)
-    _refuse_unsound(layer, updated, name, {f"patches/{file}": data}, sha)
+    _refuse_unsound(layer, updated, name, {f"patches/{file}": data}, sha,
+                    lambda trial: _refuse_unreplayable(series, git, layer, trial, full, sha, base_commit))
     txn.commit_all([(layer.root, {layer.patches_dir / file: data, layer.manifest_path: updated.to_toml().encode()},
                      [], layer.manifest_path)], fault=lambda point: fault_point("at", point))
     return NewEntry(layer.name, full, f"patches/{file}", sha, gate, touched, lint_series(load_series(layer.root)),
