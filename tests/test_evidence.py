@@ -161,6 +161,18 @@ def test_stage_refuses_a_release_the_series_does_not_apply_to(history: Git, sgla
         staging.patched_sources(series, history, "v0.5.20", tmp_path / "out")
 
 
+@pytest.mark.parametrize("rev", ["..", "../victim", "/tmp/victim", "."])
+def test_stage_confines_a_rev_before_removing_its_folder(real_series, history: Git, tmp_path: Path, rev: str):
+    """``stage`` removed ``dest/<rev>`` before anything checked ``rev``: ".." took ``dest``'s parent with it."""
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "keep").write_text("x")
+    (tmp_path / "dest" / "old").mkdir(parents=True)
+    with pytest.raises(C128Error, match="unsafe path in the releases to stage"):
+        staging.stage(real_series, history, [rev if rev != "/tmp/victim" else str(victim)], tmp_path / "dest", SUITE)
+    assert (victim / "keep").exists() and (tmp_path / "dest" / "old").exists()
+
+
 # --------------------------------------------------------------------------- results from smoke reports
 
 

@@ -20,6 +20,7 @@ from c128patch.git import Git
 from c128patch.ops.check import index_git, replay_in_index
 from c128patch.series import provenance
 from c128patch.series.manifest import Series, load_series
+from c128patch.series.paths import confine
 from c128patch.smoke.trees import extract_python, read_json
 from c128patch.smoke.trees import stage as stage_subsets
 
@@ -90,8 +91,8 @@ def stage(series: Series, git: Git, revs: list[str], dest: Path, suite: Path, *,
     """Stage ``revs`` (and the before trees) under ``dest``, replacing earlier ones; writes and returns the manifest."""
     dest.mkdir(parents=True, exist_ok=True)
     releases = []
-    for rev in revs:
-        shutil.rmtree(dest / rev, ignore_errors=True)
+    for rev in revs:  # (a rev becomes a folder here: confined before anything is removed, whoever the caller)
+        shutil.rmtree(confine(dest, rev, "the releases to stage"), ignore_errors=True)
         releases.append(stage_release(series, git, rev, dest, suite,
                                       before=before if rev in before_revs else None))
     manifest = {"schema": SCHEMA, "series": {"name": series.name, "version": series.version, "digest": series.digest()},
