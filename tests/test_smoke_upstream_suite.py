@@ -659,3 +659,16 @@ def test_a_sources_json_past_pythons_digit_limit_deep_or_not_utf8_is_unreadable_
     or bytes that are not UTF-8 ended the run in a traceback. Now it is said unreadable, as invalid JSON is."""
     (tmp_path / us.SOURCES).write_bytes(text.encode(errors="surrogateescape"))
     assert set(us.sources_of(tmp_path)["sources"]) == {"unreadable"}
+
+
+def test_a_csrc_literal_whose_first_part_is_dot_or_dotdot_names_no_csrc_folder(tmp_path: Path):
+    """An upstream string "../x.cuh" named the csrc folder "..": the staged subset widened to sglang/kernels/jit."""
+    root = tmp_path / "python"
+    for rel, text in {"sglang/__init__.py": "", "sglang/srt/__init__.py": "", "sglang/srt/environ.py": "",
+                      "sglang/kernels/__init__.py": "",
+                      "sglang/kernels/k.py": 'A = "../x.cuh"\nB = "./y.cuh"\nC = "deepseek_v4/c128_v2.cuh"\n'}.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    (tmp_path / "test_k.py").write_text("from sglang.kernels.k import A\n")
+    out = sel.closure(sel.ModuleIndex(root), [sel.TestFile.read(tmp_path / "test_k.py", tmp_path)], set())
+    assert out.csrc_dirs == {"deepseek_v4"}

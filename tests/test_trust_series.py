@@ -572,7 +572,7 @@ REVIEWED = {
     "serve/doctor.py": {"site / name", "sg.site / name"},
     "cli/smoke/upstream.py": {"stage_dir / suite.STAGED_TESTS"},  # a constant of the suite module
     # helper 172: evidence/ walked too (result_path confines a bundle's rev and label)
-    "evidence/staging.py": {"dest / rev",  # a release tag (prepare.py refuses one release_version does not parse)
+    "evidence/staging.py": {"dest / rev",  # a release tag: stage confine()s it first (and prepare.py refuses a non-tag)
                             "dest / rev / label",  # label: our own tree names (patched, upstream, before)
                             "dest / rev / label / Path(provenance.PROVENANCE_PATH).relative_to('python')",
                             "dest / Path(provenance.PROVENANCE_PATH).relative_to('python')"},  # a constant
@@ -591,7 +591,7 @@ REVIEWED = {
         # a module name out of an import (ast: identifiers, no '/' or '..'), only stat'd and read in the tree
         "self.root.joinpath(*module.split('.'))", "index.root.joinpath(*parts[:i])",
         "self.path.parent / f'{top}.py'", "self.path.parent / top",
-        # a first part of a literal _CSRC_LITERAL matches: one part, so at most sglang/kernels/jit (in the tree);
+        # a first part of a literal _CSRC_LITERAL matches: one name, never "." nor ".." (a word character first);
         # the files it lists are confine()d when copied (copy_files)
         "index.root / CSRC / folder",
         "upstream / rel", "patched / rel",  # a path a series patch touches (check_relpath at parse), only stat'd

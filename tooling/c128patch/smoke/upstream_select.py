@@ -18,7 +18,9 @@ from c128patch.smoke import load_file
 KERNEL_TESTS = "registered/kernels"
 CSRC = "sglang/kernels/jit/csrc"
 KERNEL_SUFFIXES = (".cuh", ".cu", ".h")
-_CSRC_LITERAL = re.compile(r"^[\w.-]+/[\w./-]*\.(cuh|cu|h)$")  # a kernel source under a csrc folder
+# a kernel source under a csrc folder: its first part a folder's name (not "." nor "..": "../x.cuh" named the
+# csrc folder "..", and the staged subset widened to sglang/kernels/jit)
+_CSRC_LITERAL = re.compile(r"^\w[\w.-]*/[\w./-]*\.(cuh|cu|h)$")
 
 
 def test_root(path: Path | None, tree: Path) -> Path:
