@@ -1453,6 +1453,47 @@ def test_a_checkout_of_this_repository_with_crlf_settings_keeps_the_series_bytes
     assert res.code == 0, res.text
 
 
+@pytest.mark.parametrize("attributes", [True, False])
+def test_a_series_file_with_crlf_line_ends_is_told_a_command_that_rewrites_it_as_committed(tmp_path, attributes):
+    """Helper 174: the CRLF finding said "check it out again with its bytes as committed", no command. In a clone made
+    under core.autocrlf=true, with this repository's `* -text` (an editor wrote CRLF) or without it (a layer's
+    repository: the checkout wrote CRLF, the file's stat clean, so `git checkout -- F` skipped it and autocrlf wrote
+    CRLF again), the command printed writes the committed bytes of that file and touches no other uncommitted work."""
+    from support import REPO_ROOT
+
+    src, dest = tmp_path / "src", tmp_path / "clone"
+    src.mkdir()
+    shutil.copytree(REPO_ROOT / "patches", src / "patches")
+    shutil.copytree(REPO_ROOT / "overlay", src / "overlay")
+    shutil.copytree(REPO_ROOT / "csrc", src / "csrc")
+    if attributes:
+        shutil.copy(REPO_ROOT / ".gitattributes", src / ".gitattributes")
+    (src / "notes.txt").write_text("mine\n")
+    (tmp_path / "gitconfig").write_text(CRLF_CONFIG)
+    env = {**os.environ, "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"}
+    subprocess.run(["git", "init", "-q", str(src)], check=True, env=env)
+    subprocess.run(["git", "-C", str(src), "add", "-A"], check=True, env=env)
+    subprocess.run(["git", "-C", str(src), "-c", "user.name=u", "-c", "user.email=u@x.invalid", "commit", "-qm", "s"],
+                   check=True, env=env)
+    crlf = {**env, "GIT_CONFIG_GLOBAL": str(tmp_path / "gitconfig")}
+    subprocess.run(["git", "-c", "core.autocrlf=true", "clone", "-q", str(src), str(dest)], check=True, env=crlf)
+    entry = next(e for e in load_series(src).entries if e.is_patch)
+    path = load_series(dest).file_of(entry)
+    if attributes:
+        path.write_bytes(path.read_bytes().replace(b"\n", b"\r\n"))  # an editor's
+    assert b"\r\n" in path.read_bytes()
+    (dest / "notes.txt").write_text("mine, not committed\n")
+    res = invoke("lint", "--offline", "--series", dest, as_json=False)
+    said = [line for line in res.text.splitlines() if f"{path.name}: its lines end in CRLF" in line]
+    assert res.code == 1 and len(said) == 1 and "write it again as committed: git -C " in said[0], res.text
+    command = said[0].split("write it again as committed: ", 1)[1]
+    subprocess.run(command, shell=True, check=True, env=crlf)
+    assert path.read_bytes() == (src / path.relative_to(dest)).read_bytes()
+    assert (dest / "notes.txt").read_text() == "mine, not committed\n"
+    if attributes:
+        assert invoke("lint", "--offline", "--series", dest).code == 0
+
+
 def test_a_series_file_with_crlf_line_ends_is_said_to_be_one_not_a_corrupt_patch(series):  # noqa: F811
     """Helper 170: a series (or a layer) checked out with CRLF line ends: lint said "corrupt patch ... '--- a/...'
     names another path than its diff header (git would take it as a rename)" and apply "sha256 does not match the

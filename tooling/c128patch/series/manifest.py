@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
 import stat
 import sys
 from dataclasses import dataclass, field, replace
@@ -18,6 +19,7 @@ else:  # pragma: no cover
 
 from c128patch import PACKAGE_DIR
 from c128patch.errors import C128Error
+from c128patch.git import Git, work_tree_top
 from c128patch.jsonio import write_atomic
 from c128patch.series import txn
 from c128patch.series.gates import Gate, parse_gates
@@ -63,8 +65,25 @@ def hash_mismatch(path: Path, want: str) -> str:
         return ""
     if b"\r\n" in data and hashlib.sha256(data.replace(b"\r\n", b"\n")).hexdigest() == want:
         return ("its lines end in CRLF, the manifest's bytes in LF (a checkout with core.autocrlf=true or "
-                "core.eol=crlf wrote them): check it out again with its bytes as committed")
+                f"core.eol=crlf, or an editor, wrote them): {_lf_again(path, want)}")
     return "sha256 does not match the manifest"
+
+
+def _lf_again(path: Path, want: str) -> str:
+    """How to write ``path`` again with the manifest's bytes (sha256 ``want``): where its checkout's HEAD holds them,
+    git's own command for that one file (the line-end settings off: a layer's repository without ``* -text`` under
+    core.autocrlf=true wrote CRLF again, and ``git checkout -- F`` skips a file whose stat matches the index);
+    in the installed tool's series, reinstall it."""
+    top = work_tree_top(path.parent)
+    if top is not None:
+        rel = os.path.relpath(os.path.realpath(path), os.path.realpath(top))
+        committed = Git(worktree=top).run("cat-file", "blob", f"HEAD:{rel}", binary=True, check=False)
+        if committed.returncode == 0 and hashlib.sha256(committed.stdout).hexdigest() == want:
+            return (f"write it again as committed: git -C {shlex.quote(str(top))} --literal-pathspecs "
+                    f"-c core.autocrlf=false -c core.eol=lf restore --source=HEAD -- {shlex.quote(rel)}")
+    if path.resolve().is_relative_to((PACKAGE_DIR / "_series").resolve()):
+        return "reinstall c128patch as you installed it (its installed series was changed)"
+    return "write it again with LF line ends (its bytes as its author made them)"
 
 
 @dataclass(frozen=True)
