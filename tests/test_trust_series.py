@@ -2514,6 +2514,30 @@ def test_the_operators_repo_path_with_a_damaged_pack_index_is_one_line_naming_it
     assert invoke("check", "--repo", repo, "--sglang-rev", "v0.5.23").code == 0
 
 
+def test_a_tree_with_a_damaged_pack_index_is_one_line_naming_it_and_fsck_for_every_verb(applied_t, monkeypatch):
+    """Helper 174: the tree's own pack index damaged: `status` said "equals the series" (exit 0), `refresh --check`
+    "series is up to date", `rebase` "git log ... failed: fatal: unable to read tree" (git's words). The tree's
+    indexes are checked where its Git is opened (`locate_tree`), as `--repo PATH`'s: one line naming it and
+    `git -C T fsck`, which works as printed."""
+    import shlex
+
+    idx = max((applied_t / ".git" / "objects" / "pack").glob("*.idx"), key=lambda p: p.stat().st_size)
+    data = idx.read_bytes()
+    idx.unlink()  # (a copy of its own: never the cache's file, to which apply's clone links it)
+    idx.write_bytes(data[:2000] + b"\xff" * 100 + data[2100:])
+    want = (f"the repository {applied_t.resolve()} is damaged (.git/objects/pack/{idx.name} fails its checksum), not "
+            f"the series: check it (git -C {applied_t.resolve()} fsck), then repair it or clone it again")
+    for verb in (["status", "--tree", applied_t], ["refresh", "--check", "--tree", applied_t],
+                 ["rebase", "--onto", "v0.5.22", "--tree", applied_t]):
+        line = refused(verb, contains=want)
+    monkeypatch.chdir(applied_t)  # the tree found from inside it, as README says
+    refused(["status"], contains=want)
+    fsck = subprocess.run(shlex.split(line.split("check it (", 1)[1].split(")", 1)[0]), capture_output=True, text=True)
+    assert fsck.returncode != 0 and idx.stem in fsck.stderr, fsck.stderr
+    idx.write_bytes(data)
+    assert invoke("status").code == 0
+
+
 def test_a_urls_mirror_in_the_cache_with_a_damaged_pack_index_is_one_line_saying_how_to_rebuild(
         sglang_release_repo, tmp_path, monkeypatch):
     """Helper 163: a `--repo URL`'s mirror in the cache whose pack index is damaged gave `check` and `apply` "git

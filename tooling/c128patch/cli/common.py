@@ -97,7 +97,17 @@ def applied_here(top: Path | None) -> bool:
 
 
 def locate_tree(tree: Path | None) -> Path:
-    """The tree verbs work on: ``--tree``; else the repository here if c128patch is in it; else ./sglang; else here."""
+    """The tree verbs work on: ``--tree``; else the repository here if c128patch is in it; else ./sglang; else here.
+    One whose object store is damaged is refused here, for every verb (``upstream.source.refuse_damaged``)."""
+    from c128patch.git import Git
+    from c128patch.upstream.source import refuse_damaged
+
+    top = _locate_tree(tree)
+    refuse_damaged(Git(worktree=top), top)
+    return top
+
+
+def _locate_tree(tree: Path | None) -> Path:
     from c128patch.git import refuse_git_dir, toplevel, work_tree_top
 
     if tree is not None:
