@@ -2528,10 +2528,12 @@ def test_a_tree_with_a_damaged_pack_index_is_one_line_naming_it_and_fsck_for_eve
     want = (f"the repository {applied_t.resolve()} is damaged (.git/objects/pack/{idx.name} fails its checksum), not "
             f"the series: check it (git -C {applied_t.resolve()} fsck), then repair it or clone it again")
     for verb in (["status", "--tree", applied_t], ["refresh", "--check", "--tree", applied_t],
-                 ["rebase", "--onto", "v0.5.22", "--tree", applied_t]):
+                 ["rebase", "--onto", "v0.5.22", "--tree", applied_t], ["contract", "--tree", applied_t],
+                 ["treecheck", "--no-run", "--tree", applied_t]):
         line = refused(verb, contains=want)
-    monkeypatch.chdir(applied_t)  # the tree found from inside it, as README says
+    monkeypatch.chdir(applied_t)  # the tree found from inside it, as README says (contract's: not "no tree here")
     refused(["status"], contains=want)
+    refused(["contract"], contains=want)
     fsck = subprocess.run(shlex.split(line.split("check it (", 1)[1].split(")", 1)[0]), capture_output=True, text=True)
     assert fsck.returncode != 0 and idx.stem in fsck.stderr, fsck.stderr
     idx.write_bytes(data)

@@ -133,11 +133,12 @@ def applied_tree_here(verb: str) -> Path | None:
     from c128patch.progress import echo
 
     try:
-        top = locate_tree(None)
+        top = _locate_tree(None)
     except C128Error:
         return None
     if not applied_here(top):
         return None
+    locate_tree(top)  # (its damage said, not taken for "no tree here")
     echo(f"{verb}: on the patched tree here, {top} (--tree {top})", stderr=True)
     return top
 

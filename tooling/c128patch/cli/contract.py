@@ -6,7 +6,16 @@ from pathlib import Path
 
 import click
 
-from c128patch.cli.common import Run, applied_tree_here, exit_unless, load_stack, repo_option, say, verb_options
+from c128patch.cli.common import (
+    Run,
+    applied_tree_here,
+    exit_unless,
+    load_stack,
+    locate_tree,
+    repo_option,
+    say,
+    verb_options,
+)
 from c128patch.errors import C128Error
 
 LEVELS = {"unchecked": "not checked"}  # a finding's level as the text output says it
@@ -39,7 +48,7 @@ def command(revs: tuple[str, ...], tree: Path | None, repo: str | None, accept: 
     note. Exit 1 on an error, a changed signature or a file not checked."""
     from c128patch.fit import contract as core
     from c128patch.fit import contract_cxx as cxx
-    from c128patch.git import Git, toplevel
+    from c128patch.git import Git
     from c128patch.progress import reporter
     from c128patch.series.contract import read_lock
     from c128patch.series.plan import validate_files
@@ -61,7 +70,7 @@ def command(revs: tuple[str, ...], tree: Path | None, repo: str | None, accept: 
     flags = (f" --series {shell_quote(str(series_dir))}" if series_dir else "") + "".join(
         f" --layer {shell_quote(str(x))}" for x in layer_dirs)  # the series as this command was given it
     if tree is not None:
-        git = Git(worktree=toplevel(tree))
+        git = Git(worktree=locate_tree(tree))
         base = core.tree_base(git)
         runs.append((str(tree), git, base, "HEAD", core.Review(
             str(git.cwd), base[:12], f"c128patch contract --tree {shell_quote(str(tree))}{flags} --accept")))

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from c128patch import exitcodes
-from c128patch.cli.common import Run, applied_tree_here, load_stack, repo_option, say, verb_options
+from c128patch.cli.common import Run, applied_tree_here, load_stack, locate_tree, repo_option, say, verb_options
 from c128patch.errors import C128Error
 
 
@@ -38,7 +38,7 @@ def command(tree: Path | None, rev: str | None, repo: str | None, python: str | 
     from c128patch.fit import contract, treecheck
     from c128patch.fit.env import describe
     from c128patch.fit.sandbox import NOTICE, interpreter
-    from c128patch.git import Git, toplevel
+    from c128patch.git import Git
     from c128patch.progress import echo, reporter
     from c128patch.series.plan import validate_files
     from c128patch.upstream.source import open_upstream
@@ -54,7 +54,7 @@ def command(tree: Path | None, rev: str | None, repo: str | None, python: str | 
         echo(f"treecheck {NOTICE}")
     with reporter(not as_json, title="treecheck") as rep:
         if tree is not None:
-            git = Git(worktree=toplevel(tree))
+            git = Git(worktree=locate_tree(tree))
             result = treecheck.run(series, git.worktree, git.changed_files(contract.tree_base(git), "HEAD"),
                                    python=python, run_code=not no_run, reporter=rep)
         else:
