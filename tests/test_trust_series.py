@@ -628,13 +628,13 @@ REVIEWED = {
     # a path of rev's tree (a caller's constant or git ls-tree's answer under one) or a name git's read-tree took into
     # its index (git refuses '..' and '.git' parts there) written under a folder of ours that checkout made (no links)
     "git.py": {"dest / path", "dest / name",
-               "self.cwd / objects", "self.cwd / proc.stdout.strip()"},  # git's own answer for its object store / hooks
+               "self.cwd / objects", "self.cwd / proc.stdout.strip()",  # git's own answer for its object store / hooks
+               "git.cwd / objects.stdout.strip()"},  # the same answer, read by refuse_damaged
     # a program name looked up as Popen does (PATH or cwd), only stat'd, never written
     "procs.py": {"os.path.join(os.fsdecode(cwd), path)", "os.path.join(d, name)"},
     "upstream/source.py": {"cache_dir() / 'remotes' / (hashlib.sha256(url.encode()).hexdigest()[:16] + '.git')",
                            # git's own answer for the tree the operator named (its object store), not a tree's file
-                           "git.cwd / git.out('rev-parse', '--git-path', 'objects')",
-                           "git.cwd / objects.stdout.strip()"},  # the same answer, read by open_upstream
+                           "git.cwd / git.out('rev-parse', '--git-path', 'objects')"},
 }
 _CONSTANT = ("TXN", "STAGING", "PLAN", "MANIFEST", "CONFIG", "LOCK_NAME", "PROVENANCE_PATH", "MIRROR_DONE",
              "UPSTREAM_PACKAGE", "SUMS", "PROOF", "WHEEL_PROVENANCE", "DEFAULT_TREE", "ENVIRON",

@@ -98,9 +98,8 @@ def applied_here(top: Path | None) -> bool:
 
 def locate_tree(tree: Path | None) -> Path:
     """The tree verbs work on: ``--tree``; else the repository here if c128patch is in it; else ./sglang; else here.
-    One whose object store is damaged is refused here, for every verb (``upstream.source.refuse_damaged``)."""
-    from c128patch.git import Git
-    from c128patch.upstream.source import refuse_damaged
+    One whose object store is damaged is refused here, for every verb (``git.refuse_damaged``)."""
+    from c128patch.git import Git, refuse_damaged
 
     top = _locate_tree(tree)
     refuse_damaged(Git(worktree=top), top)

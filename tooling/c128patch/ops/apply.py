@@ -9,7 +9,7 @@ from pathlib import Path
 
 from c128patch import procs
 from c128patch.errors import C128Error, ConflictError, Interrupted
-from c128patch.git import Git, is_work_tree, refuse_git_dir
+from c128patch.git import Git, damaged_index, damaged_repository, is_work_tree, refuse_git_dir
 from c128patch.ops.applier import (
     Apply,
     ApplyJournal,
@@ -26,11 +26,9 @@ from c128patch.series.plan import check_paths_at, plan
 from c128patch.series.provenance import PROVENANCE_PATH, committed, starts_stack
 from c128patch.textsafe import shell_join, shell_quote
 from c128patch.upstream import DEFAULT_TREE
-from c128patch.upstream.releases import damaged_index
 from c128patch.upstream.source import (
     Target,
     Upstream,
-    damaged_repository,
     discard_fresh_tree,
     open_upstream,
     prepare_tree,

@@ -38,7 +38,7 @@ from packaging.version import InvalidVersion, Version
 
 from c128patch import jsonio, procs
 from c128patch.errors import C128Error
-from c128patch.git import Git, blob_id
+from c128patch.git import Git, blob_id, damaged_index
 from c128patch.jsonio import write_atomic
 from c128patch.progress import NullReporter, Reporter, transfer
 from c128patch.series.paths import check_relpath
@@ -698,28 +698,6 @@ def import_releases(dest: Path, versions: Iterable[str], reporter: Reporter = Nu
     git.run("update-ref", "refs/heads/releases", f"refs/tags/{tag_for(newest)}")
     git.run("update-ref", "-d", _IMPORT_REF, check=False)
 
-
-def _index_sound(idx: Path) -> bool:
-    """Does a pack's ``.idx`` hold its own checksum (its last 20 bytes: SHA-1 of the rest) and its pack's (the 20
-    before, the pack's own last 20 bytes)? A regular file of at most 64 MiB only (a link, a FIFO: not sound)."""
-    try:
-        fd = os.open(idx, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        with open(fd, "rb") as f:
-            st = os.fstat(f.fileno())
-            if not stat.S_ISREG(st.st_mode) or not 40 <= st.st_size <= 64 << 20:
-                return False
-            data = f.read()
-        with open(idx.with_suffix(".pack"), "rb") as pack:
-            pack.seek(-20, os.SEEK_END)
-            tail = pack.read(20)
-    except OSError:
-        return False
-    return hashlib.sha1(data[:-20]).digest() == data[-20:] and data[-40:-20] == tail
-
-
-def damaged_index(objects: Path) -> str | None:
-    """The name of the first pack index under ``objects`` that fails its checksum (``_index_sound``), else None."""
-    return next((idx.name for idx in sorted((objects / "pack").glob("*.idx")) if not _index_sound(idx)), None)
 
 
 class ReleaseHistory:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from c128patch import procs
 from c128patch.errors import C128Error
-from c128patch.git import Git, GitError, refuse_git_dir, work_tree_top
+from c128patch.git import Git, GitError, damaged_index, refuse_damaged, refuse_git_dir, work_tree_top
 from c128patch.progress import NullReporter, Reporter, echo
 from c128patch.textsafe import shell_quote
 from c128patch.upstream import DEFAULT_TREE, is_url
@@ -21,7 +21,6 @@ from c128patch.upstream.releases import (
     DEFAULT_RELEASES,
     ReleaseHistory,
     cache_dir,
-    damaged_index,
     locked,
     release_version,
 )
@@ -129,30 +128,6 @@ def open_upstream(repo: str | None, revs: list[str], reporter: Reporter = NullRe
     refuse_damaged(git, path)
     return Upstream("path", git, str(path.resolve()))
 
-
-def refuse_damaged(git: Git, path: Path) -> None:
-    """Refuse the operator's repository ``path`` (``git`` runs in it: ``--repo PATH``, a tree the verbs work on) where a
-    pack index of its object store fails its checksum: one line naming it and ``git -C PATH fsck`` (git's "Could not
-    read ...", "packed object ... is corrupt" or "unknown rev" named neither; ``status`` even said "equals the series").
-    ~1 ms a pack index (the release cache's three, 413 KB: 0.7 ms), and a git call (~5 ms) only where ``path`` is not
-    a work tree holding its own ``.git`` folder (a bare one, a linked work tree)."""
-    dot_git = path / ".git"
-    if dot_git.is_dir() and not dot_git.is_symlink() and not (dot_git / "commondir").exists():
-        store = (dot_git / "objects").resolve()  # (the tool's git sees no GIT_OBJECT_DIRECTORY)
-    else:
-        objects = git.run("rev-parse", "--git-path", "objects", check=False)
-        if objects.returncode != 0:
-            raise C128Error(f"not a git repository: {path}")
-        store = (git.cwd / objects.stdout.strip()).resolve()
-    if bad := damaged_index(store):
-        shown_store = store.relative_to(path.resolve()) if store.is_relative_to(path.resolve()) else store
-        raise C128Error(damaged_repository(str(path.resolve()), f"{shown_store}/pack/{bad}"))
-
-
-def damaged_repository(repo: str, index: str) -> str:
-    """The line for the operator's repository ``repo`` whose pack ``index`` fails its checksum: how to check it."""
-    return (f"the repository {repo} is damaged ({index} fails its checksum), not the series: check it (git -C "
-            f"{shell_quote(repo)} fsck), then repair it or clone it again")
 
 
 MIRROR_DONE = "c128patch-mirror-complete"  # written into a mirror once its clone finished
