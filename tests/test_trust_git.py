@@ -1806,3 +1806,20 @@ def test_a_hunkless_file_diff_without_git_prefixes_is_refused_as_corrupt(tmp_pat
         read_patch(patch)
     patch.write_text(patch.read_text().replace("python/x.py python/x.py", "a/python/x.py b/python/x.py"))
     assert read_patch(patch).paths == ["python/x.py"]
+
+
+def test_a_pack_index_over_64_mib_is_held_to_its_packs_checksum_not_refused_as_damaged(tmp_path):
+    """Helper 174: every .idx over 64 MiB (a history of millions of objects) was "damaged": the operator's large clone
+    refused by every verb. Such an index is held to its pack's checksum alone (not read whole on every verb)."""
+    from c128patch.git import index_sound
+
+    pack_sum = bytes(range(20))
+    idx, pack = tmp_path / "pack-x.idx", tmp_path / "pack-x.pack"
+    pack.write_bytes(b"PACK" + b"\0" * 100 + pack_sum)
+    with open(idx, "wb") as f:  # (sparse: 65 MiB of zeros, then the pack's checksum and a made-up own one)
+        f.truncate(65 << 20)
+        f.seek(0, 2)
+        f.write(pack_sum + b"\1" * 20)
+    assert index_sound(idx)
+    pack.write_bytes(b"PACK" + b"\0" * 100 + b"\2" * 20)  # another pack's checksum: damaged
+    assert not index_sound(idx)
