@@ -1429,26 +1429,39 @@ def snapshot_files(root: Path) -> dict[str, bytes]:
             and ".git" not in p.parts}
 
 
-def test_a_checkout_of_this_repository_with_crlf_settings_keeps_the_series_bytes(tmp_path):
-    """Helper 170: the operator's global `core.autocrlf=true` (`core.eol=crlf`), in a clone of this repository (theirs,
-    or the one `pip install git+URL` makes, whose package takes the series from it): every patch and overlay was
-    written with CRLF line ends, and `lint` gave 35 errors ("sha256 does not match", "corrupt patch ... names another
-    path than its diff header"), `apply` refused. The repository's `.gitattributes` keeps every file's bytes."""
+def _series_repo(tmp_path: Path, attributes: bool, notes: bool = False) -> Path:
+    """tmp_path/src: a repository committing this one's patches/, overlay/, csrc/ (and .gitattributes, a notes.txt)."""
     from support import REPO_ROOT
 
-    src, dest = tmp_path / "src", tmp_path / "clone"
+    src = tmp_path / "src"
     src.mkdir()
     for part in ("patches", "overlay", "csrc"):
         shutil.copytree(REPO_ROOT / part, src / part)
-    shutil.copy(REPO_ROOT / ".gitattributes", src / ".gitattributes")
-    (tmp_path / "gitconfig").write_text(CRLF_CONFIG)
+    if attributes:
+        shutil.copy(REPO_ROOT / ".gitattributes", src / ".gitattributes")
+    if notes:
+        (src / "notes.txt").write_text("mine\n")
     env = {**os.environ, "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"}
     subprocess.run(["git", "init", "-q", str(src)], check=True, env=env)
     subprocess.run(["git", "-C", str(src), "add", "-A"], check=True, env=env)
     subprocess.run(["git", "-C", str(src), "-c", "user.name=u", "-c", "user.email=u@x.invalid", "commit", "-qm", "s"],
                    check=True, env=env)
-    subprocess.run(["git", "clone", "-q", str(src), str(dest)], check=True,
-                   env={**env, "GIT_CONFIG_GLOBAL": str(tmp_path / "gitconfig")})
+    return src
+
+
+def _crlf_env(tmp_path: Path) -> dict[str, str]:
+    """Our environment with a global git config of CRLF_CONFIG (no system config)."""
+    (tmp_path / "gitconfig").write_text(CRLF_CONFIG)
+    return {**os.environ, "GIT_CONFIG_GLOBAL": str(tmp_path / "gitconfig"), "GIT_CONFIG_NOSYSTEM": "1"}
+
+
+def test_a_checkout_of_this_repository_with_crlf_settings_keeps_the_series_bytes(tmp_path):
+    """Helper 170: the operator's global `core.autocrlf=true` (`core.eol=crlf`), in a clone of this repository (theirs,
+    or the one `pip install git+URL` makes, whose package takes the series from it): every patch and overlay was
+    written with CRLF line ends, and `lint` gave 35 errors ("sha256 does not match", "corrupt patch ... names another
+    path than its diff header"), `apply` refused. The repository's `.gitattributes` keeps every file's bytes."""
+    src, dest = _series_repo(tmp_path, attributes=True), tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(src), str(dest)], check=True, env=_crlf_env(tmp_path))
     res = invoke("lint", "--offline", "--series", dest)
     assert res.code == 0, res.text
 
@@ -1459,23 +1472,7 @@ def test_a_series_file_with_crlf_line_ends_is_told_a_command_that_rewrites_it_as
     under core.autocrlf=true, with this repository's `* -text` (an editor wrote CRLF) or without it (a layer's
     repository: the checkout wrote CRLF, the file's stat clean, so `git checkout -- F` skipped it and autocrlf wrote
     CRLF again), the command printed writes the committed bytes of that file and touches no other uncommitted work."""
-    from support import REPO_ROOT
-
-    src, dest = tmp_path / "src", tmp_path / "clone"
-    src.mkdir()
-    shutil.copytree(REPO_ROOT / "patches", src / "patches")
-    shutil.copytree(REPO_ROOT / "overlay", src / "overlay")
-    shutil.copytree(REPO_ROOT / "csrc", src / "csrc")
-    if attributes:
-        shutil.copy(REPO_ROOT / ".gitattributes", src / ".gitattributes")
-    (src / "notes.txt").write_text("mine\n")
-    (tmp_path / "gitconfig").write_text(CRLF_CONFIG)
-    env = {**os.environ, "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"}
-    subprocess.run(["git", "init", "-q", str(src)], check=True, env=env)
-    subprocess.run(["git", "-C", str(src), "add", "-A"], check=True, env=env)
-    subprocess.run(["git", "-C", str(src), "-c", "user.name=u", "-c", "user.email=u@x.invalid", "commit", "-qm", "s"],
-                   check=True, env=env)
-    crlf = {**env, "GIT_CONFIG_GLOBAL": str(tmp_path / "gitconfig")}
+    src, dest, crlf = _series_repo(tmp_path, attributes, notes=True), tmp_path / "clone", _crlf_env(tmp_path)
     subprocess.run(["git", "-c", "core.autocrlf=true", "clone", "-q", str(src), str(dest)], check=True, env=crlf)
     entry = next(e for e in load_series(src).entries if e.is_patch)
     path = load_series(dest).file_of(entry)
