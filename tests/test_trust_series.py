@@ -629,7 +629,10 @@ REVIEWED = {
     # its index (git refuses '..' and '.git' parts there) written under a folder of ours that checkout made (no links)
     "git.py": {"dest / path", "dest / name",
                "self.cwd / objects", "self.cwd / proc.stdout.strip()",  # git's own answer for its object store / hooks
-               "git.cwd / objects.stdout.strip()"},  # the same answer, read by refuse_damaged
+               "git.cwd / objects.stdout.strip()",  # the same answer, read by refuse_damaged
+               # a store the operator's repository borrows from (info/alternates), as git reads it: its pack indexes
+               # only hashed (damaged_index), nothing written or run
+               "store / line"},
     # a program name looked up as Popen does (PATH or cwd), only stat'd, never written
     "procs.py": {"os.path.join(os.fsdecode(cwd), path)", "os.path.join(d, name)"},
     "upstream/source.py": {"cache_dir() / 'remotes' / (hashlib.sha256(url.encode()).hexdigest()[:16] + '.git')",
@@ -2631,3 +2634,30 @@ def test_the_layer_new_a_missing_layer_prints_works_as_printed(tmp_path, monkeyp
     made = run_printed(printed_command(line, "c128patch layer new").replace("NAME", "mine"), cwd=tmp_path)
     assert made.returncode == 0, made.stderr
     assert (tmp_path / name / "patches" / "series.toml").is_file()
+
+
+def test_a_repo_path_borrowing_objects_from_a_damaged_store_is_one_line_naming_that_store(sglang_release_repo,
+                                                                                           tmp_path):
+    """Round 31 left: the pack-index check read the repository's own packs only. A clone made with `--shared` (or
+    `--reference`) reads its objects from another store (objects/info/alternates): that store's damaged index gave
+    git's words again. The borrowed stores are checked too, as git follows them; the line names the damaged index
+    by its absolute path and `git -C PATH fsck`, which works as printed and finds it."""
+    import shlex
+
+    lender = tmp_path / "lender.git"
+    subprocess.run(["git", "clone", "-q", "--bare", "--no-hardlinks", str(sglang_release_repo), str(lender)],
+                   check=True)
+    borrower = tmp_path / "borrower"
+    subprocess.run(["git", "clone", "-q", "--shared", "--no-checkout", str(lender), str(borrower)], check=True)
+    assert not list((borrower / ".git" / "objects" / "pack").glob("*.idx"))  # every object is the lender's
+    idx = max((lender / "objects" / "pack").glob("*.idx"), key=lambda p: p.stat().st_size)
+    idx.chmod(0o644)
+    data = idx.read_bytes()
+    idx.write_bytes(data[:2000] + b"\xff" * 100 + data[2100:])
+    line = refused(["check", "--repo", borrower, "--sglang-rev", "v0.5.23"],
+                   contains=f"the repository {borrower.resolve()} is damaged ({idx.resolve()} fails its checksum), "
+                            f"not the series: check it (git -C {borrower.resolve()} fsck)")
+    fsck = subprocess.run(shlex.split(line.split("check it (", 1)[1].split(")", 1)[0]), capture_output=True, text=True)
+    assert fsck.returncode != 0, fsck.stderr
+    idx.write_bytes(data)
+    assert invoke("check", "--repo", borrower, "--sglang-rev", "v0.5.23").code == 0

@@ -774,9 +774,34 @@ def index_sound(idx: Path) -> bool:
     return (not whole or hashlib.sha1(data[:-20]).digest() == data[-20:]) and data[-40:-20] == tail
 
 
-def damaged_index(objects: Path) -> str | None:
-    """The name of the first pack index under ``objects`` that fails its checksum (``index_sound``), else None."""
-    return next((idx.name for idx in sorted((objects / "pack").glob("*.idx")) if not index_sound(idx)), None)
+def damaged_index(objects: Path, root: Path | None = None) -> str | None:
+    """The first pack index of the object store ``objects`` or of a store it borrows from (``info/alternates``, as
+    git follows them: 5 deep) that fails its checksum (``index_sound``), else None: its path from ``root`` (default
+    ``objects``' parent), or an absolute one outside it."""
+    root = (root or objects.parent).resolve()
+    stores, seen = [(objects, 0)], set()
+    while stores:
+        store, depth = stores.pop(0)
+        if store.resolve() in seen:
+            continue
+        seen.add(store.resolve())
+        for idx in sorted((store / "pack").glob("*.idx")):
+            if not index_sound(idx):
+                path = idx.resolve()
+                return str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
+        if depth < 5:
+            stores += [(store / line if not os.path.isabs(line) else Path(line), depth + 1)
+                       for line in _alternates(store)]
+    return None
+
+
+def _alternates(store: Path) -> list[str]:
+    """The stores ``store/info/alternates`` names (``#`` comments and blank lines skipped), none where unreadable."""
+    try:
+        text = (store / "info" / "alternates").read_text(errors="surrogateescape")
+    except OSError:
+        return []
+    return [line for line in text.splitlines() if line.strip() and not line.startswith("#")]
 
 
 def refuse_damaged(git: Git, path: Path) -> None:
@@ -793,9 +818,8 @@ def refuse_damaged(git: Git, path: Path) -> None:
         if objects.returncode != 0:
             raise C128Error(f"not a git repository: {path}")
         store = (git.cwd / objects.stdout.strip()).resolve()
-    if bad := damaged_index(store):
-        shown_store = store.relative_to(path.resolve()) if store.is_relative_to(path.resolve()) else store
-        raise C128Error(damaged_repository(str(path.resolve()), f"{shown_store}/pack/{bad}"))
+    if bad := damaged_index(store, path):
+        raise C128Error(damaged_repository(str(path.resolve()), bad))
 
 
 def damaged_repository(repo: str, index: str) -> str:

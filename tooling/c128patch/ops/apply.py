@@ -110,12 +110,12 @@ def _damaged(upstream: Upstream, source: str) -> str:
     if bad is None:
         return ""
     if upstream.kind == "path":
-        return damaged_repository(source, f"objects/pack/{bad}")
+        return damaged_repository(source, bad)
     what, again = {"release": ("the release cache", f"rebuild it: rm -rf {shell_quote(source)} (the next run imports "
                                                     "the releases again)"),
                    "url": (f"the mirror of {upstream.location}:", f"rebuild it: rm -rf {shell_quote(source)} (the "
                                                                   "next run mirrors it again)")}[upstream.kind]
-    return f"{what} {source} is damaged (objects/pack/{bad} fails its checksum), not the series: {again}"
+    return f"{what} {source} is damaged ({bad} fails its checksum), not the series: {again}"
 
 
 def continue_apply(git: Git, series: Series | None = None,

@@ -783,7 +783,7 @@ class ReleaseHistory:
                                 f"{rebuild}")
         if bad := damaged_index(self.root / "objects"):  # (~1 ms: ~320 KB hashed)
             # damaged: git found some objects where they are not, the patches "did not apply"
-            raise C128Error(f"the release cache {self.root} is corrupt (objects/pack/{bad} fails its checksum); "
+            raise C128Error(f"the release cache {self.root} is corrupt ({bad} fails its checksum); "
                             f"{rebuild}")
         proc = self.git.run("for-each-ref", "--format=%(refname) %(tree)", check=False)
         if proc.returncode != 0:

@@ -159,7 +159,7 @@ def _open_url(url: str, reporter: Reporter) -> Upstream:
             finally:
                 shutil.rmtree(part, ignore_errors=True)
         if bad := damaged_index(mirror / "objects"):  # (~1 ms; as the release cache: git's "Could not read" named
-            raise C128Error(f"the mirror {mirror} of {url} in the cache is corrupt (objects/pack/{bad} fails its "  # no
+            raise C128Error(f"the mirror {mirror} of {url} in the cache is corrupt ({bad} fails its "  # no
                             f"checksum); rebuild it: rm -rf {shell_quote(str(mirror))} (the next run clones it again)")
     return Upstream("url", Git(git_dir=mirror), url)
 
