@@ -1396,7 +1396,10 @@ def test_the_operators_global_crlf_config_changes_no_commit_proof_or_refreshed_b
     core.eol=crlf, core.safecrlf=true), their clone checked out with it (CRLF files) and their own commit made with
     it. `apply` refused "uncommitted changes" (the tool's git read none of it: CRLF files differed from the index), and
     the `git stash -u` it printed said "No local changes to save". Now `apply` commits the trees a plain clone's apply
-    does, `status` proves it, and `refresh` writes the bytes it writes from a plain clone."""
+    does, `status` proves it, and `refresh` writes the bytes it writes from a plain clone. Round 31 left: the overlays
+    stayed LF in their CRLF tree, and their own `git commit -a` of an edit to one died under their core.safecrlf ("LF
+    would be replaced by CRLF"): apply leaves them as their checkout writes them, and `status` reads them as their
+    git does (no drift)."""
     (tmp_path / "gitconfig").write_text(CRLF_CONFIG)
     trees, copies = [], []
     for name, config in (("plain", os.devnull), ("crlf", str(tmp_path / "gitconfig"))):
@@ -1407,14 +1410,14 @@ def test_the_operators_global_crlf_config_changes_no_commit_proof_or_refreshed_b
         assert invoke("apply", "--sglang-rev", "v0.5.23", "--repo", tree, "--series", series).code == 0
         said = invoke("status", "--tree", tree, "--series", series)
         assert said.code == 0 and said.out["equivalence"]["identical"] is True, said.out["equivalence"]
+        assert said.out["drift"] == [] and said.out["uncommitted"] == [], said.out
         edited = EDIT[CUH][1].rstrip("\n").encode() + nl
         text = (tree / CUH).read_bytes()
         assert text.count(edited) == 1
         (tree / CUH).write_bytes(text.replace(edited, edited * 2))
-        # (their safecrlf=true would refuse the overlay the tool wrote with the series' LF bytes: not asked here)
-        proc = subprocess.run(["git", "-C", str(tree), "-c", "user.name=u", "-c", "user.email=u@x.invalid", "-c",
-                               "core.safecrlf=false", "commit", "-qam",
-                        "c128: blank line", "--trailer", "C128patch-Gate: none (test)"], capture_output=True, text=True)
+        proc = subprocess.run(["git", "-C", str(tree), "-c", "user.name=u", "-c", "user.email=u@x.invalid", "commit",
+                               "-qam", "c128: blank line", "--trailer", "C128patch-Gate: none (test)"],
+                              capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr
         copies.append(shutil.copytree(series, tmp_path / f"series-{name}"))
         assert invoke("refresh", "--tree", tree, "--series", copies[-1]).code == 0

@@ -366,6 +366,11 @@ class Git:
             raise C128Error(refusal)
         return list(off)
 
+    def converts_eol(self) -> bool:
+        """Does the operator's git convert line ends here (``core.autocrlf``/``core.eol`` set: ``_operators_eol``)?"""
+        self._settings()
+        return any(s.startswith(("core.autocrlf=", "core.eol=")) for s in self.filters_off or ())
+
     def _operators_eol(self, forced: list[str]) -> list[str]:
         """``core.autocrlf`` and ``core.eol`` as the operator's git reads them here (the repository's, else their
         global or system config's, which the tool's calls read nothing else of): a tree their git checked out with

@@ -530,10 +530,15 @@ class Apply:
         then ``git commit -m`` make (whatever an ignore file says; the message cleaned as they clean it:
         ``git.stripspace``), by plumbing that reads that one file: add and commit each refreshed the whole index (~5,800
         files, racily clean just after the checkout: ~50 ms each, twice for each overlay and the provenance). The
-        index and work tree are left as ``git commit`` leaves them (clean). Returns the commit."""
+        index and work tree are left as ``git commit`` leaves them (clean); where the operator's git converts line ends,
+        the file is written again as their checkout writes it (left LF, their `git commit -a` of an edit to it died
+        under core.safecrlf: "LF would be replaced by CRLF"). Returns the commit."""
         self.git.run("update-index", "--add", "--", rel)  # (update-index reads no ignore file)
         commit = dated.out("commit-tree", self.git.out("write-tree"), "-p", head, input=stripspace(message))
         self.git.run("update-ref", "-m", f"commit: {message.partition(chr(10))[0]}", "HEAD", commit, head)
+        if self.git.converts_eol():  # (checkout-index skips a file whose stat matches its index entry)
+            confine(self.tree, rel, "a file c128patch wrote").unlink()
+            self.git.run("checkout-index", "-u", "--", rel)
         return commit
 
     def _claims(self, journal: ApplyJournal, item: Planned, resolved: bool = False) -> str:

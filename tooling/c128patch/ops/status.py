@@ -58,17 +58,31 @@ def _drift(git: Git, prov_commit: str, entries: list[dict]) -> list[dict]:
             status, name = line.split("\t", 1)
             changed[name] = {"M": "modified", "D": "deleted", "A": "added"}.get(status[0], status)
     drift = []
-    for i, e in enumerate(entries):
+    last = [e for i, e in enumerate(entries) if e.get("kind") == "overlay"
+            and not any(e.get("target") in x.get("files", []) for x in entries[i + 1:])]
+    # (an overlay a later entry edits, a layer's, holds its bytes only before that entry: as a fresh apply)
+    edited = _edited_overlays(git, prov_commit, [e for e in last if (git.cwd / e["target"]).is_file()])
+    for e in entries:
         files = {p: changed[p] for p in e.get("files", []) if p in changed}
-        if e.get("kind") == "overlay" and not any(e.get("target") in x.get("files", []) for x in entries[i + 1:]):
-            # (an overlay a later entry edits, a layer's, holds its bytes only before that entry: as a fresh apply)
-            target = git.cwd / e["target"]
-            if target.is_file() and (target.stat().st_size > MAX_SERIES_FILE  # (no overlay is that big: not read)
-                                     or hashlib.sha256(target.read_bytes()).hexdigest() != e.get("sha256")):
-                files.setdefault(e["target"], "modified")
+        if e["name"] in edited:
+            files.setdefault(e["target"], "modified")
         if files:
             drift.append({"entry": e["name"], "files": files})
     return drift
+
+
+def _edited_overlays(git: Git, prov_commit: str, overlays: list[dict]) -> set[str]:
+    """The overlays (of ``overlays``, each a file in the tree) whose bytes are not what apply wrote; where the
+    operator's git converts line ends, as their git reads the file, against the provenance commit's blob (HEAD where
+    ``prov_commit`` is "": HEAD is it): apply leaves such a file as their checkout writes it (CRLF), "modified" by
+    its bytes."""
+    if overlays and git.converts_eol():
+        paths = [e["target"] for e in overlays]
+        now = git.out("hash-object", "--", *paths).split()
+        applied = dict(line.split("\t", 1)[::-1] for line in git.lines("ls-tree", prov_commit or "HEAD", "--", *paths))
+        return {e["name"] for e, blob in zip(overlays, now) if applied.get(e["target"], "").split()[-1:] != [blob]}
+    return {e["name"] for e in overlays if (git.cwd / e["target"]).stat().st_size > MAX_SERIES_FILE  # (not read)
+            or hashlib.sha256((git.cwd / e["target"]).read_bytes()).hexdigest() != e.get("sha256")}
 
 
 def _proof(git: Git, series: Series, state: Path, key: dict[str, str], prove_again: bool,
