@@ -27,6 +27,7 @@ from c128patch.textsafe import md
 
 TREE_ROOT = "python"
 _OURS, _SEP, _THEIRS = "<" * 7, "=" * 7, ">" * 7
+_BLAME_HEADER = re.compile(r"[0-9a-f]{40}(?:[0-9a-f]{24})? \d+ \d+(?: \d+)?")
 _BLOCK = re.compile(r"^<{7}\n((?:.*\n)*?)={7}\n((?:.*\n)*?)>{7}$", re.M)
 
 
@@ -131,8 +132,11 @@ def analyze(git: Git, path: str, text: str, diff: str, *, head: str, old: str, o
         first, last = pos + 1, pos + len(ours)
         upstream = touched
         if ours and forward:
-            blame = git.out("blame", "--porcelain", "-L", f"{first},{last}", head, "--", path, check=False)
-            shas = {line.split()[0] for line in blame.splitlines() if len(line.split()[0]) == 40 and " " in line}
+            # porcelain: a header per line ("<id> <orig> <final>[ <count>]"), the commit's fields (its summary
+            # and author: upstream's text) and the line itself after a tab (a blank one: a bare tab). Split at
+            # "\n" only (a summary holding U+2028 forged a line), and only header lines name an id.
+            blame = git.lines("blame", "--porcelain", "-L", f"{first},{last}", head, "--", path, check=False)
+            shas = {line.split(" ", 1)[0] for line in blame if _BLAME_HEADER.fullmatch(line)}
             hits = [c for c in shas if c in in_range]
             upstream = tuple(git.lines("log", "--no-walk", "--format=%h %s", *hits)) if hits else ()
         end = start + len(ours) + len(theirs) + 3
