@@ -332,6 +332,7 @@ _REVIEWED_TEMPFILE = {
     ("fit/treecheck_runner.py", "mkdtemp"): 1, ("fit/treecheck_runner.py", "mkstemp"): 2,
     ("fit/scenarios_runner.py", "TemporaryDirectory"): 1,
     ("smoke/trees.py", "mkdtemp"): 1,  # smoke's report folder without --out: output the user reads, not scratch
+    ("wheel/srcbuild.py", "mkstemp"): 1,  # a failed build's log the hint names: output the user reads, not scratch
 }
 
 

@@ -125,6 +125,32 @@ def test_failed_build_is_reported(tmp_path: Path, source_repo: Path, series: Pat
     assert "full log:" in info.value.hint and not out.exists()
 
 
+def test_a_failed_builds_log_outlives_the_next_run(tmp_path: Path, source_repo: Path, series: Path, monkeypatch):
+    """The hint "full log: PATH" named a file inside the build's scratch folder (named by this run's pid): the next
+    run of any c128patch command swept it as a dead run's, so the log the hint names was gone once the operator
+    looked (helper 176). The log is kept outside any scratch folder; a later run's sweep leaves it."""
+    def failing(cmd, env, cwd, log):
+        log.write_text("compiling...\nerror: linker `cc` not found\n")
+        return 101
+
+    with pytest.raises(Exception, match="the source build failed") as info:
+        build_wheel(load_series(series), open_upstream(str(source_repo), ["main"]), "main", None, tmp_path / "dist",
+                    runner=failing)
+    log = Path(re.search(r"full log: (\S+)", info.value.hint)[1])
+    assert log.read_text().endswith("error: linker `cc` not found\n")
+    import c128patch.procs as procs
+
+    def gone(pid, sig):  # this run has ended, as seen by the next one
+        raise ProcessLookupError(pid)
+    monkeypatch.setattr(procs.os, "kill", gone)
+    monkeypatch.setattr(procs.os, "getpid", lambda: 1)
+    monkeypatch.setattr(procs, "_SWEPT", set())
+    for folder in {log.parent, log.parent.parent}:
+        procs.sweep_stale(folder, "c128patch-build-")
+    assert log.read_text().endswith("error: linker `cc` not found\n")
+    log.unlink()
+
+
 def test_ignored_version_is_refused(tmp_path: Path, source_repo: Path, series: Path):
     """A build that falls back to setuptools-scm's 0.0.0.dev0 (the pretend variable ignored) is refused."""
     def fallback(cmd, env, cwd, log):

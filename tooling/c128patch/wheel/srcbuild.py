@@ -18,6 +18,7 @@ import re
 import shutil
 import stat
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -154,6 +155,19 @@ def _log_tail(log: Path) -> str:
         return (f.read(65536).decode(errors="replace").strip().splitlines() or ["(no output)"])[-1]
 
 
+def _keep_log(log: Path) -> Path | None:
+    """A failed build's log (a regular file: ``_log_tail`` said so) moved out of its scratch folder, which goes: any
+    later run sweeps a dead run's folder, so a log left there was gone once the operator read the hint naming it. Its
+    own file in the temporary folder, named by no pid (output the operator reads, not scratch)."""
+    try:
+        fd, kept = tempfile.mkstemp(prefix="c128patch-build-log-", suffix=".log")
+        os.close(fd)
+        shutil.move(log, kept)
+    except OSError:  # (a full temporary folder): no log to point at
+        return None
+    return Path(kept)
+
+
 def _run_build(git: Git, work: Path, base: Version, epoch: int, no_isolation: bool, runner: Runner,
                reporter: Reporter) -> tuple[Path, list[str], dict[str, str]]:
     """HEAD exported into ``work`` and built: (the one wheel built, the command, its env)."""
@@ -221,17 +235,18 @@ def build_wheel(series: Series, upstream: Upstream, rev: str, tree: Path | None,
     info = {**target.to_json(), "version": str(base), "build": "source"}  # how it was made
     epoch = int(git.out("show", "-s", "--format=%ct", commit))
     work = Path(scratch_dir("c128patch-build-"))  # (a SIGKILLed run's swept by pid)
-    created, keep_log = not out_dir.exists(), False
+    created = not out_dir.exists()
     try:
         built, cmd, env = _run_build(git, work, base, epoch, no_isolation, runner, reporter)
         final, version = _label_and_verify(built, out_dir, series, planned, rows, info, base, epoch, reporter)
     except BaseException as exc:
-        keep_log = isinstance(exc, _BuildFailed)
+        if isinstance(exc, _BuildFailed) and exc.hint:
+            kept = _keep_log(work / "build.log")
+            exc.hint = f"full log: {kept}" if kept else None
         if created:
             shutil.rmtree(out_dir, ignore_errors=True)
         raise
     finally:
-        if not keep_log:
-            shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
     return BuildResult(str(final), str(version), str(base), file_sha256(final), str(git.worktree), rev, commit,
                        applied, cmd, env, round(time.perf_counter() - start, 3))
