@@ -803,7 +803,7 @@ def test_a_run_stopped_by_its_limits_prints_its_json_error_object(monkeypatch, s
 
 # git commands whose output carries upstream's names or subjects (a tag, a ref, a subject may hold U+2028 or NEL)
 NAMED_OUTPUT = {"tag", "for-each-ref", "log", "branch", "show-ref", "ls-remote", "rev-list", "show", "describe",
-                "range-diff", "shortlog", "cherry"}
+                "range-diff", "shortlog", "cherry", "blame"}  # (blame --porcelain: each commit's summary and author)
 
 
 def splitlines_of_named_output(source: str) -> list[str]:
