@@ -271,9 +271,11 @@ class Sealed:
             if whole := sorted(set(kept) & set(hidden or ())):  # the seal shows what it keeps inside a hidden place
                 self.kill()
                 raise C128Error(f"the sealed box would have to show all of {whole[0]}, a place it hides (HOME, the "
-                                f"temporary folder or a top-level folder), to run {python}: keep what it needs (the "
-                                "interpreter's prefix, a folder in LD_LIBRARY_PATH or one a pip setting names) in a "
-                                f"folder below {whole[0]}, not in it")
+                                f"temporary folder or a top-level folder), to run {python}: {whole[0]} is itself a "
+                                "folder it needs (the interpreter's prefix, two folders above it; a folder in "
+                                "LD_LIBRARY_PATH or one a pip setting names): keep that folder one level deeper (a "
+                                f"Python at {Path(whole[0]) / 'py' / 'bin' / 'python'} has its prefix at "
+                                f"{Path(whole[0]) / 'py'})")
             try:
                 argv = _sealed(argv, [os.path.realpath(p) for p in (self.home, *writable)], offline, kept, hidden,
                                self.pids)
