@@ -108,6 +108,15 @@ def test_the_readme_starts_with_the_job_and_gives_one_line_per_verb():
     assert block.splitlines()[-1] == 'python -m pytest -m "not heavy"'  # .ci/run reads it: its last line, the tests
 
 
+def test_the_development_venv_takes_a_current_pip():
+    """CI's venv is the Development block's: Python 3.11's bundled pip 23.2 spent ~44 CPU-s more of each tier
+    environment build (the heavy tier builds two) in tag checks of the index's links (pip 26: 59 CPU-s to install
+    v0.5.23's lock against 103 on this machine's index). ``--upgrade-deps`` takes the index's pip."""
+    text = (REPO_ROOT / "README.md").read_text()
+    block = text.split("\n## Development\n", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    assert block.splitlines()[0].startswith("python3 -m venv --upgrade-deps .venv "), block
+
+
 def test_check_alone_checks_every_release_the_series_supports(sglang_release_repo):
     """docs/layers.md's `c128patch check` as written, in the default run (test_check_predicts, heavy, compares it
     with apply too): no --sglang-rev, the four releases, oldest first."""
