@@ -524,6 +524,9 @@ def every_module_imports_in_its_own_environment(rev: str) -> None:
     assert len(out["modules"]) == len(out["tiers"][0]["modules"]) == 11, out["modules"]
     assert all(said.startswith("imported") for said in out["modules"].values()), out["modules"]
     assert out["scenarios_passed"] == SCENARIOS
+    for tier in out["tiers"]:  # each scenario, each gate state (test_scenarios.py's per-release check, v0.5.23's here)
+        assert {n: s["status"] for n, s in tier["scenarios"].items()} == dict.fromkeys(SCENARIOS, "passed"), tier
+    assert [tier["gates"] for tier in out["tiers"]] == ["off", "on"] and not out["failed"], out["tiers"]
     for gates in ("off", "on"):
         said = f"gates {gates}: 12 ok, 0 failed, 0 not checked; scenarios: {len(SCENARIOS)} passed, 0 failed, 0 not run"
         assert said in out["verdict"], out["verdict"]
