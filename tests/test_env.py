@@ -199,13 +199,16 @@ def test_an_environment_a_test_built_in_its_own_cache_is_taken_from_the_runs_onc
 
 def test_the_environment_is_compiled_when_built_and_one_built_before_on_its_next_use(tmp_path, monkeypatch):
     """The tier reads its environment but cannot write to it: the build writes the bytecode of what it installed
-    (``c128patch-compiled``), and an environment built before that is compiled when next used, once."""
+    (``c128patch-compiled``), but for the packages' own ``tests`` folders, and an environment built before that is
+    compiled when next used, once."""
     monkeypatch.setenv("C128PATCH_CACHE", str(tmp_path / "cache"))
     lock = "# c128patch tier environment lock\nnumpy==2.3.5 --hash=sha256:" + "ab" * 32 + "\n"
 
     def pip(python, args, timeout, reporter, what, into, reads=()):  # installs one module
         (site,) = Path(args[1]).parent.parent.glob("lib/python*/site-packages")
         (site / "c128mod.py").write_text("VALUE = 1\n")
+        (site / "c128pkg" / "tests").mkdir(parents=True)  # a package's own test suite: never imported by the tier
+        (site / "c128pkg" / "__init__.py").write_text(""), (site / "c128pkg" / "tests" / "test_a.py").write_text("")
         (site / "c128hook.pth").write_text(f"import pathlib; pathlib.Path({str(site / 'ran')!r}).touch()\n")
 
     monkeypatch.setattr(env, "_pip", pip)
@@ -214,6 +217,9 @@ def test_the_environment_is_compiled_when_built_and_one_built_before_on_its_next
     (module,) = venv.glob("lib/python*/site-packages/c128mod.py")
     pyc = module.parent / "__pycache__" / f"c128mod.{sys.implementation.cache_tag}.pyc"  # the box's: no prefix
     assert built and pyc.is_file() and (state / "c128patch-compiled").is_file()
+    tag = sys.implementation.cache_tag  # the package compiled, its tests folder not (~17 % of v0.5.23's source)
+    assert (module.parent / "c128pkg" / "__pycache__" / f"__init__.{tag}.pyc").is_file()
+    assert not (module.parent / "c128pkg" / "tests" / "__pycache__").exists()
     assert not (module.parent / "ran").exists()  # nothing installed runs while the environment is writable
     pyc.unlink(), (state / "c128patch-compiled").unlink()  # as an older build left it
     assert env.build(lock, CUDA) == (python, False) and pyc.is_file() and (state / "c128patch-compiled").is_file()
