@@ -1793,6 +1793,49 @@ def test_lint_update_hashes_writes_a_layer_under_its_lock(tmp_path):
     assert "added" in entries and next(iter(entries.values())).sha256 == right, manifest.read_text()
 
 
+def test_refresh_holds_each_layers_lock_and_refuses_a_layer_written_since_it_read_it(tmp_path, monkeypatch):
+    """Helper 177: `refresh` locked our series' folder only: run beside `layer add-entry` on one of its layers (the
+    stack read, then add-entry's commit, then refresh's), it wrote the layer as it had read it, the new entry's patch
+    file deleted as stale and its row gone, both exiting 0 (sequentially refresh refuses: "the stack has entries this
+    tree was never applied with"). It takes each layer's lock, the one add-entry writes under, and refuses a layer
+    that changed since it was read: one line, nothing written."""
+    import fcntl
+
+    from c128patch.ops import refresh as ops_refresh
+
+    layer = tmp_path / "acme"
+    shutil.copytree(REPO_ROOT / "docs" / "examples" / "acme-layer", layer)
+    stk = stack(load_series(REPO_ROOT), [layer])  # what the verb read before any lock
+    repo = tmp_path / "tree"
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    held = []
+
+    def probe(*_args: object, **_kw: object) -> None:  # what refresh reads and writes, while it runs
+        fd = os.open(layer, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            held.append(False)
+        except BlockingIOError:
+            held.append(True)
+        finally:
+            os.close(fd)
+        raise C128Error("probed")
+
+    for name in ("ensure_idle", "export"):
+        monkeypatch.setattr(ops_refresh, name, probe)
+    with pytest.raises(C128Error, match="probed"):
+        ops_refresh.refresh(stk, Git(worktree=repo))
+    assert held == [True]
+    manifest = layer / "patches" / "series.toml"
+    before = {p.name: p.read_bytes() for p in (layer / "patches").iterdir()}
+    manifest.write_text(manifest.read_text().replace('version = "', 'version = "9', 1))  # add-entry's commit
+    with pytest.raises(C128Error, match=r"cannot refresh: the layer acme \(.*\) changed since this run read it"):
+        ops_refresh.refresh(stk, Git(worktree=repo))
+    assert held == [True]  # refused before anything is read or written
+    assert {p.name: p.read_bytes() for p in (layer / "patches").iterdir()} == {
+        **before, "series.toml": manifest.read_bytes()}
+
+
 ROW = {"entry": "other", "key": "ab", "match": "ab", "file": "python/o.py", "from": "v1", "onto": "v2"}
 
 

@@ -15,7 +15,7 @@ import os
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from c128patch import procs
 from c128patch.errors import C128Error, DifferenceError
@@ -28,7 +28,7 @@ from c128patch.ops.treestate import c128_state_dir, ensure_clean, ensure_idle, f
 from c128patch.series import txn
 from c128patch.series.contract import LOCK_NAME, Lock, LockItem, lock_path, merged, read_lock
 from c128patch.series.layers import SEP, Stack, layer_args, layer_rows
-from c128patch.series.manifest import Entry, Series, Variant, default_series_root, installed
+from c128patch.series.manifest import Entry, Series, Variant, default_series_root, installed, load_series
 from c128patch.series.patchfile import split_message
 from c128patch.series.paths import check_relpath
 from c128patch.series.plan import base_holding, choose, merged_entries, sources_at
@@ -232,8 +232,9 @@ def _as_layer_entries(git: Git, series: Series, report: dict, label: str) -> str
 def refresh(series: Series, git: Git, *, check: bool = False, primary: bool | None = None, version: str | None = None,
             accept_differences: bool = False, lock_items: LockItems | None = None) -> Refreshed:
     """``export`` and (unless ``check``) ``write``, locked, on an idle tree with nothing uncommitted."""
-    # the series folder locked from export's read of contract.lock to the write (``fit.contract.accept``'s lock)
-    with repo_lock(git, "refresh"), contextlib.nullcontext() if check else locked(series.ours.root):
+    # the series folder locked from export's read of contract.lock to the write (``fit.contract.accept``'s lock), and
+    # each layer's, the lock `layer add-entry` writes under (an entry it added while this ran was dropped)
+    with repo_lock(git, "refresh"), contextlib.nullcontext() if check else _all_locked(series):
         ensure_idle(git, "refresh")
         read_provenance(git.worktree)  # type: ignore[arg-type]  # a damaged record is said as such first
         ensure_clean(git, "refresh --check" if check else "refresh")
@@ -261,6 +262,24 @@ def refresh(series: Series, git: Git, *, check: bool = False, primary: bool | No
             key = proofs.proof_key(git, series, proof.rev, proof.commit, proof.head)
             proofs.record(c128_state_dir(git), key, proof.to_json())
     return Refreshed(result, changes, check, series)
+
+
+@contextlib.contextmanager
+def _all_locked(series: Series) -> Iterator[None]:
+    """The series' folder and each layer's locked (in one order: two refreshes of one stack wait, never deadlock), then
+    each checked to be as it was read before the locks were taken: another run's write since (`layer add-entry`, a
+    refresh of another tree) is one line, nothing written, never overwritten by this export."""
+    parts = [series.ours, *(series.layers if isinstance(series, Stack) else [])]
+    with contextlib.ExitStack() as held:
+        for root in sorted({os.path.realpath(part.root) for part in parts}):
+            held.enter_context(locked(Path(root)))
+        for part in parts:
+            if load_series(part.root).to_toml() != part.to_toml():
+                what = f"the series {part.name}" if part is series.ours else f"the layer {part.name}"
+                raise C128Error(f"cannot refresh: {what} ({part.root}) changed since this run read it (another run "
+                                "wrote it: layer add-entry, or a refresh of another tree); nothing was written; run "
+                                "c128patch refresh again")
+        yield
 
 
 def bumped(version: str) -> str:
