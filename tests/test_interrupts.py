@@ -623,3 +623,36 @@ def test_an_interrupted_verbs_exit_code_is_the_processs_own(monkeypatch, capsys,
             signal.signal(s, handler)
     assert done.value.code == code and ended == ([code] if exits_now else [])
     assert "said before the end" in capsys.readouterr().out
+
+
+def test_a_second_apply_into_a_tree_another_apply_is_cloning_waits_it_is_not_called_interrupted(tmp_path):
+    """Helper 177: `apply` clones with its journal in the clone's template, before it holds the tree's lock: a second
+    `apply --tree` onto that folder meanwhile took the lock and said "a c128patch apply was interrupted in ...; finish
+    it (apply --continue) or undo it (apply --abort)", and that `--abort` removed the clone under the first apply. The
+    journal names the cloning run (``procs.owner_tag``) until it holds the lock: while it runs, ``ensure_idle``,
+    `--continue` and `--abort` say so; a dead one's is interrupted, as before."""
+    from c128patch.git import Git
+    from c128patch.ops.applier import Apply
+    from c128patch.ops.treestate import ensure_idle
+    from c128patch.procs import run_tag
+
+    tree = tmp_path / "sglang"
+    subprocess.run(["git", "init", "-q", str(tree)], check=True)
+    (tree / ".git" / "c128patch").mkdir()
+    journal = {"rev": "v0.5.23", "upstream_commit": "0" * 40, "branch": "c128/v0.5.23", "series_root": str(REPO_ROOT),
+               "series_digest": "x", "upstream_info": {}, "names": [], "fresh_clone": True, "phase": "clone"}
+    cloner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (tree / ".git" / "c128patch" / "apply.json").write_text(json.dumps(
+            {**journal, "cloning": f"{cloner.pid}-{run_tag()}"}))
+        said = f"another c128patch apply is cloning into {tree} (pid {cloner.pid}); wait for it to finish and retry"
+        for attempt in (lambda: ensure_idle(Git(worktree=tree), "apply"), Apply(Git(worktree=tree)).abort,
+                        Apply(Git(worktree=tree)).resume):
+            with pytest.raises(Exception, match=re.escape(said)):
+                attempt()
+        assert (tree / ".git" / "c128patch" / "apply.json").is_file()  # nothing undone under the cloning run
+    finally:
+        cloner.kill()
+        cloner.wait()
+    with pytest.raises(Exception, match="a c128patch apply was interrupted in"):  # its run gone: interrupted
+        ensure_idle(Git(worktree=tree), "apply")

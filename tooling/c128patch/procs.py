@@ -211,6 +211,27 @@ def sweep_stale(folder: Path, prefix: str) -> None:
             continue
 
 
+def owner_tag() -> str:
+    """``<pid>-<run_tag>``: this process, as a state file names the run that wrote it (``running_owner`` reads it)."""
+    return f"{os.getpid()}-{run_tag()}"
+
+
+def running_owner(owner: object) -> int | None:
+    """The pid an ``owner_tag`` names when that process is another one of this host and pid namespace and still runs
+    (not a zombie); else None (a dead run's, another host's, no tag at all)."""
+    m = re.fullmatch(rf"([0-9]{{1,10}})-{run_tag()}", owner) if isinstance(owner, str) else None
+    if not m or not 0 < int(m[1]) <= PID_MAX or int(m[1]) == os.getpid():
+        return None
+    try:
+        os.kill(int(m[1]), 0)
+        state = Path(f"/proc/{m[1]}/stat").read_text().rsplit(")", 1)[-1].split()[:1]
+    except ProcessLookupError:
+        return None
+    except OSError:  # (no /proc: alive, as kill says; EPERM: another user's, alive)
+        state = []
+    return None if state == ["Z"] else int(m[1])
+
+
 def scratch_dir(prefix: str, folder: str | Path | None = None) -> str:
     """A new folder ``<folder>/<prefix><pid>-<run_tag>-*`` (``folder``: ``$TMPDIR``), a SIGKILLed run's of that
     ``prefix`` (its pid dead) swept first. Every scratch folder the tool makes comes from here or ``scratch``

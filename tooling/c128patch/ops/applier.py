@@ -49,6 +49,7 @@ from c128patch.ops.treestate import (
     git_paths,
     own_index_lock,
     read_journal,
+    refuse_cloning,
     refuse_conflict_markers,
     remember_layers,
     repo_lock,
@@ -111,6 +112,7 @@ class ApplyJournal:
     paused: str = ""  # "" | "conflict"
     entries: list[dict] = field(default_factory=list)  # rows of the entries committed, in order
     layers: list[str] = field(default_factory=list)  # the layer folders applied after the series, in order
+    cloning: str = ""  # the apply cloning into the tree (``procs.owner_tag``), until it holds the tree's lock
 
     @classmethod
     def new(cls, series: Series, target: Target, branch: str, planned: list[Planned], **state: object) -> ApplyJournal:
@@ -242,6 +244,7 @@ class Apply:
             self._check_worktree_paths(planned)
             journal = ApplyJournal.load(git, self.path) if seeded else ApplyJournal.new(
                 series, target, branch, planned, fresh_clone=fresh_clone, phase="clone" if fresh_clone else "checkout")
+            journal.cloning = ""  # the tree's lock is ours now
             if not fresh_clone:
                 journal.orig_branch, journal.orig_head = git.current_branch(), git.head()
                 if journal.orig_head:
@@ -267,6 +270,7 @@ class Apply:
         git = self.git
         with interrupts_said(self.tree), repo_lock(git, "apply"):
             journal = ApplyJournal.load(git, self.path)
+            refuse_cloning(self.tree, journal.cloning)
             series = self.series or recorded_stack(journal.series_root, journal.layers, self.path)
             self.series = series
             if series.digest() != journal.series_digest:
@@ -284,6 +288,7 @@ class Apply:
         git = self.git
         with interrupts_said(self.tree), repo_lock(git, "apply"):
             journal = ApplyJournal.load(git, self.path)
+            refuse_cloning(self.tree, journal.cloning)
             done = {"ok": True, "aborted": True, "tree": str(self.tree), "removed_clone": False}
             git.run("am", "--abort", check=False)  # (none in progress: git refuses, changing nothing)
             ours = set(journal.step_paths) if journal.in_step else set()

@@ -55,7 +55,7 @@ def apply_rev(series: Series, repo: str | None, rev: str, *, tree: Path | None =
     template = Path(procs.scratch_dir("c128patch-template-"))  # for git clone --template: the journal, first
     source = str(upstream.git.git_dir or upstream.git.worktree)
     ApplyJournal.new(series, target, branch or target.branch, planned, fresh_clone=True, tree_existed=existed,
-                     source=source).save(template / "c128patch" / "apply.json")
+                     source=source, cloning=procs.owner_tag()).save(template / "c128patch" / "apply.json")
     reporter.step(f"preparing the tree for {target.commit[:12]}")
     dest = tree or DEFAULT_TREE
     cloning = upstream.kind != "path" and (not existed or dest.is_dir() and not any(dest.iterdir()))

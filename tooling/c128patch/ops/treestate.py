@@ -32,6 +32,7 @@ from typing import Any, Iterator
 from c128patch.errors import C128Error
 from c128patch.git import BOT_EMAIL, BOT_NAME, Git, ls_tree, stale_lock_message, user_can_commit
 from c128patch.jsonio import MAX_JSON, open_regular, read_json, write_json_atomic
+from c128patch.procs import running_owner
 from c128patch.progress import echo
 from c128patch.series.layers import layer_folders, operators, owned
 from c128patch.series.manifest import MANIFEST, Series
@@ -146,11 +147,21 @@ def rebase_command(tree: Path, verb: str, *args: str) -> str:
     return shell_join(["c128patch", "rebase", f"--{verb}", *args, "--tree", str(Path(tree).resolve())])
 
 
+def refuse_cloning(tree: Path, owner: object) -> None:
+    """Refuse while the apply that clones into ``tree`` still runs: its journal comes with the clone, before that apply
+    holds the tree's lock (``repo_lock``), and a second `apply --tree` there said it "was interrupted", printing an
+    `--abort` that would remove the clone under it."""
+    if pid := running_owner(owner):
+        raise C128Error(f"another c128patch apply is cloning into {tree} (pid {pid}); wait for it to finish and "
+                        "retry; nothing was changed")
+
+
 def ensure_idle(git: Git, action: str) -> None:
     """Refuse to ``action`` while a c128patch apply/rebase or a git operation is half done."""
     tree, where = git.worktree, git.worktree or Path.cwd()
     state, *busy, index_lock = git_paths(git, ["c128patch", *_GIT_BUSY, "index.lock"])
     if (state / "apply.json").is_file():
+        refuse_cloning(where, (read_json(state / "apply.json", dict) or {}).get("cloning"))
         resume, undo = apply_commands(where)
         raise C128Error(f"cannot {action}: a c128patch apply was interrupted in {tree}; finish it ({resume}) "
                         f"or undo it ({undo})")
