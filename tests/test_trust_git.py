@@ -1260,6 +1260,28 @@ def test_too_few_open_files_for_git_is_one_line(sglang_release_repo, tmp_path):
     assert tree.exists() == ("could not be removed: remove it by hand)" in proc.stderr), proc.stderr
 
 
+def test_git_killed_by_the_file_size_limit_is_said_so_not_a_negative_exit(tmp_path):
+    """Helper 177: `layer add-entry` under `ulimit -f 2` said "git read-tree ... failed: exit -25": git, killed by
+    SIGXFSZ, says nothing. The signal is named, with the limit and the way past it."""
+    import sys
+
+    repo = tmp_path / "repo"
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / "big").write_bytes(os.urandom(1 << 20))
+    code = ("import resource, sys\n"
+            "from pathlib import Path\n"
+            "from c128patch.errors import C128Error\n"
+            "from c128patch.git import Git\n"
+            "resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 16, 1 << 16))\n"
+            "try:\n"
+            "    Git(worktree=Path(sys.argv[1])).run('hash-object', '-w', 'big')\n"
+            "except C128Error as exc:\n"
+            "    print(exc.message)\n")
+    out = subprocess.run([sys.executable, "-c", code, str(repo)], capture_output=True, text=True, timeout=60).stdout
+    assert out.strip() == ("git hash-object -w big failed: killed by SIGXFSZ: a file reached the file size limit; "
+                           "raise it (ulimit -f unlimited) and run it again"), out
+
+
 def test_a_trees_own_info_attributes_change_no_contract_row_and_no_verdict(tmp_path):
     """h133: a tree's `.git/info/attributes` (never committed, git reads it always) holding `*.cuh -diff` or `* binary`
     made `git diff -U0` say "Binary files differ": the contract rows of the calls the series adds there were dropped,

@@ -7,6 +7,7 @@ import hashlib
 import os
 import re
 import shutil
+import signal
 import stat
 import subprocess
 import threading
@@ -221,11 +222,25 @@ def environment_problem(text: str) -> str | None:
     return next((line.strip() for line in text.splitlines() if _ENVIRONMENT.search(line)), None)
 
 
+def _ended(returncode: int) -> str:
+    """How git ended without a word: its exit code, or the signal that killed it by name (SIGXFSZ: the file size
+    limit, ``ulimit -f``; it said "exit -25")."""
+    if returncode >= 0:
+        return f"exit {returncode}"
+    try:
+        name = signal.Signals(-returncode).name
+    except ValueError:
+        return f"killed by signal {-returncode}"
+    if name == "SIGXFSZ":
+        return "killed by SIGXFSZ: a file reached the file size limit; raise it (ulimit -f unlimited) and run it again"
+    return f"killed by {name}"
+
+
 class GitError(C128Error):
     def __init__(self, args: Sequence[str], returncode: int, stderr: str, stdout: str = "") -> None:
         locked = _LOCKED.search(stderr)
         detail = stale_lock_message(locked.group(1)) if locked else environment_problem(stderr) or \
-            git_reason(stderr or stdout) or f"exit {returncode}"
+            git_reason(stderr or stdout) or _ended(returncode)
         super().__init__(f"git {' '.join(args[:3])} failed: {detail}")
 
 
