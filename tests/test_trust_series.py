@@ -1248,6 +1248,32 @@ def test_a_moved_tag_in_the_release_cache_is_refused_saying_how_to_rebuild(fake_
         ReleaseHistory().ensure()
 
 
+def test_a_tag_moved_with_its_tree_record_is_refused_by_the_version_its_sources_say(fake_releases, tmp_path):
+    """Helper 177: tag v0.5.23 moved to 0.5.22's commit and its line in `c128patch-trees` changed to match (the wheel
+    and its sum untouched): the tag matched the record, and `check`/`apply --sglang-rev v0.5.23` built on 0.5.22's
+    sources, `status` saying "identical ... on v0.5.23". The sources' `_version.py` must say the tag's release."""
+    from c128patch.upstream.releases import DEFAULT_RELEASES, ReleaseHistory
+
+    for v, wheel in fake_releases.items():  # a `_version.py` as the real wheels hold (setuptools-scm's)
+        with zipfile.ZipFile(wheel, "a") as zf:
+            zf.writestr("sglang/_version.py", f"version: str\n__version__: str\n__version__ = version = '{v}'\n")
+    root = ReleaseHistory().ensure()
+    assert ReleaseHistory().ensure() == root  # as built: accepted
+    older = DEFAULT_RELEASES[-2]
+    subprocess.run(["git", "--git-dir", str(root), "tag", "-f", "v0.5.23", f"v{older}"], check=True,
+                   capture_output=True)
+    tree = subprocess.run(["git", "--git-dir", str(root), "rev-parse", f"v{older}^{{tree}}"], check=True,
+                          capture_output=True, text=True).stdout.strip()
+    record = root / "c128patch-trees"
+    record.write_text(re.sub(r"(?m)^0\.5\.23 .*$", f"0.5.23 {tree}", record.read_text()))
+    with pytest.raises(C128Error, match=rf"tag v0\.5\.23 names the sources of sglang {re.escape(older)} \(its "
+                                        r"python/sglang/_version\.py\), not of 0\.5\.23") as exc:
+        ReleaseHistory().ensure()
+    assert f"rm -rf {root}" in exc.value.message
+    shutil.rmtree(root)  # the fix printed: the next run imports the releases again
+    assert ReleaseHistory().ensure() == root
+
+
 def test_a_ref_shadowing_a_release_tag_in_the_cache_is_refused_saying_how_to_rebuild(fake_releases, tmp_path):
     """Helper 148: `refs/v0.5.23` (the tag untouched) wins over `refs/tags/v0.5.23` where git resolves `v0.5.23`:
     `apply --sglang-rev v0.5.23` built on 0.5.22's tree and said "identical ... on v0.5.23"; a `refs/replace/` ref
