@@ -815,28 +815,27 @@ class ReleaseHistory:
         """Each release tag's sources say that release (``python/sglang/_version.py``, where they hold one): a tag moved
         to another release's commit together with its line in ``c128patch-trees`` (the wheel and its sum untouched)
         passed the check against that record, and `apply --sglang-rev v0.5.23` built on 0.5.22's sources, "identical
-        ... on v0.5.23". One git call (~3 ms)."""
-        query = "".join(f"refs/tags/{tag_for(v)}:{TREE_PREFIX}{PACKAGE}/_version.py\n" for v in versions)
-        proc = self.git.run("cat-file", "--batch", input=query.encode(), binary=True, check=False)
-        out = proc.stdout if proc.returncode == 0 else b""
+        ... on v0.5.23". One `git grep` (~3 ms; no stdin: as few open files as any git call)."""
+        path = f"{TREE_PREFIX}{PACKAGE}/_version.py"
+        proc = self.git.run("grep", "--null", "-I", "--no-color", "-E", "-e", r"^__version__[[:space:]]*=",
+                            *(f"refs/tags/{tag_for(v)}" for v in versions), "--", path, binary=True, check=False)
+        said: dict[str, bytes] = {}
+        for line in proc.stdout.split(b"\n") if proc.returncode == 0 else []:  # split at newlines only, as Git.lines
+            name, _, text = line.partition(b"\0")
+            tag = name.removeprefix(b"refs/tags/").removesuffix(f":{path}".encode()).decode("utf-8", "replace")
+            if (m := _VERSION_LINE.match(text)) is not None:
+                said.setdefault(tag, m[1])
         for v in versions:
-            header, _, out = out.partition(b"\n")
-            parts = header.split()
-            if len(parts) != 3 or parts[1] != b"blob" or not parts[2].isdigit():
-                continue  # (missing: a release without the file says nothing)
-            size = int(parts[2])
-            blob, out = out[:size], out[size + 1:]
-            said = _VERSION_LINE.search(blob)
-            if said is None:
-                continue
+            if (found := said.get(tag_for(v))) is None:
+                continue  # (a release without the file, or no such line, says nothing)
             try:
-                same = Version(said[1].decode("ascii", "replace")) == Version(v)
+                same = Version(found.decode("ascii", "replace")) == Version(v)
             except InvalidVersion:
                 same = False
             if not same:
                 raise C128Error(f"the release cache {self.root}: tag {tag_for(v)} names the sources of sglang "
-                                f"{one_line(said[1].decode('ascii', 'replace'))[:40]} (its {TREE_PREFIX}{PACKAGE}/"
-                                f"_version.py), not of {v} (a moved tag and its record); {rebuild}")
+                                f"{one_line(found.decode('ascii', 'replace'))[:40]} (its {path}), not of {v} (a moved "
+                                f"tag and its record); {rebuild}")
 
     def _no_shadow(self, versions: list[str], rebuild: str) -> None:
         """Each release's tag name resolves to its tag: a file ``v0.5.23`` at the top of the git dir (which
