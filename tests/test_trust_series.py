@@ -1763,23 +1763,29 @@ def test_two_writers_of_one_layer_are_serialised_by_its_lock(tmp_path):
     assert sorted(e.name for e in load_series(layer).entries) == ["a", "b"]
 
 
+def locked_by_another(folder: Path) -> bool:
+    """Does another open file hold ``folder``'s lock (flock, as the tool's writers take it)?"""
+    import fcntl
+
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+
+
 def test_layer_add_entry_reads_the_layer_under_its_lock(tmp_path, monkeypatch):
     """`layer add-entry` itself (not only a writer built for the test) holds the layer's lock from its first read."""
-    import fcntl
 
     from c128patch.ops import layer as ops_layer
 
     layer, held = series_folder(tmp_path / "layer"), []
 
     def probe(folder: Path, _series: object) -> None:  # another writer, as add-entry loads the layer
-        fd = os.open(folder, os.O_RDONLY)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            held.append(False)
-        except BlockingIOError:
-            held.append(True)
-        finally:
-            os.close(fd)
+        held.append(locked_by_another(folder))
         raise C128Error("probed")
 
     monkeypatch.setattr(ops_layer, "load_layer", probe)
@@ -1825,7 +1831,6 @@ def test_refresh_holds_each_layers_lock_and_refuses_a_layer_written_since_it_rea
     file deleted as stale and its row gone, both exiting 0 (sequentially refresh refuses: "the stack has entries this
     tree was never applied with"). It takes each layer's lock, the one add-entry writes under, and refuses a layer
     that changed since it was read: one line, nothing written."""
-    import fcntl
 
     from c128patch.ops import refresh as ops_refresh
 
@@ -1837,14 +1842,7 @@ def test_refresh_holds_each_layers_lock_and_refuses_a_layer_written_since_it_rea
     held = []
 
     def probe(*_args: object, **_kw: object) -> None:  # what refresh reads and writes, while it runs
-        fd = os.open(layer, os.O_RDONLY)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            held.append(False)
-        except BlockingIOError:
-            held.append(True)
-        finally:
-            os.close(fd)
+        held.append(locked_by_another(layer))
         raise C128Error("probed")
 
     for name in ("ensure_idle", "export"):
