@@ -64,6 +64,10 @@ def journal(root: Path, moves: list, deletes: list, parts: list[str] | None = No
     ("\uff0egit/config", "git's own folder"), ("a/\ufe52GIT/x", "git's own folder"),
     ("\u2024git/x", "git's own folder"),
     ("a/.\uff27\uff29\uff34/x", "git's own folder"), ("\uff0egitmodules", "decides what git runs"),
+    # helper 175: NTFS upper-cases names to compare them ($UpCase): the dotless i (U+0131) is I there, and casefold
+    # keeps it: `.g\u0131t/config` passed lint, in a journal's moves and in a patch, and was written
+    ("a/.g\u0131t/config", "git's own folder"), (".G\u0131T./hooks/x", "git's own folder"),
+    ("a/.g\u0131tmodules", "decides what git runs"),
     ("a/\uff0e\uff0e/x", "must be relative"), ("a/\u2025/x", "must be relative"),
     # C1 (CSI, NEL) and bidi controls, as wheel members are refused: a terminal or report line taking the name
     ("a/\x9b2J/x", "control character"), ("a/\x85x", "control character"), ("a/x\u202egp.py", "control character"),

@@ -121,8 +121,11 @@ _HFS_IGNORED = dict.fromkeys([*range(0x200C, 0x2010), *range(0x202A, 0x202F), *r
 @functools.lru_cache(maxsize=4096)  # a series' paths share their folders: status checks ~1000 parts
 def folded_name(part: str) -> str:
     """A file name as case-folding, dot-trimming file systems (NTFS: ``.git::$INDEX_ALLOCATION``) may see it; its
-    compatibility forms folded too (NFKC: a full-width ``．git``, ``﹒git``, a one-dot leader ``․git``)."""
-    return unicodedata.normalize("NFKC", part.translate(_HFS_IGNORED)).casefold().split(":", 1)[0].rstrip(" .")
+    compatibility forms folded too (NFKC: a full-width ``．git``, ``﹒git``, a one-dot leader ``․git``), upper-cased
+    before the fold as NTFS compares names (its ``$UpCase``: the dotless ``ı`` is ``I`` there, so ``.gıt`` opened
+    ``.git``; casefold alone keeps ``ı``, and ``.gıt/config`` passed every rule, helper 175)."""
+    folded = unicodedata.normalize("NFKC", part.translate(_HFS_IGNORED)).upper().casefold()
+    return folded.split(":", 1)[0].rstrip(" .")
 
 
 def is_git_dir_name(part: str) -> bool:
