@@ -315,6 +315,8 @@ def test_a_manifest_file_that_is_no_regular_file_is_said_as_every_path_option_sa
     ("acme-sps-env", "/etc/passwd", "unsafe path in the ledger"),
     ("acme-sps-env", "python/.git/config", "unsafe path in the ledger"),
     ("acme-sps-env", "python/x.py", None),
+    # helper 175: the entry's folder a link out of the layer: lint passed it (exit 0), refused only at a rebase's use
+    ("linked", "python/x.py", "goes through the symlink patches/resolutions/linked"),
 ])
 def test_lint_reads_a_layers_ledger_rows_through_the_rule(tmp_path, entry, file, says):
     """Helper 155: `lint` never read the ledger: a row naming entry '../../x' or file '/etc/passwd' passed
@@ -323,6 +325,8 @@ def test_lint_reads_a_layers_ledger_rows_through_the_rule(tmp_path, entry, file,
     shutil.copytree(REPO_ROOT / "docs" / "examples" / "acme-layer", layer)
     (layer / "patches" / "resolutions" / "acme-sps-env").mkdir(parents=True)
     (layer / "patches" / "resolutions" / "acme-sps-env" / ("a" * 20 + ".diff")).write_text("")
+    shutil.copytree(layer / "patches" / "resolutions" / "acme-sps-env", tmp_path / "outside")
+    (layer / "patches" / "resolutions" / "linked").symlink_to(tmp_path / "outside")
     (layer / "patches" / "resolutions" / "ledger.toml").write_text(tomli_w.dumps({"resolutions": [
         {"entry": entry, "key": "a" * 20, "file": file, "from": "v0.5.22", "onto": "v0.5.23"}]}))
     res = invoke("lint", "--offline", "--layer", layer, "--json")

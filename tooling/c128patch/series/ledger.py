@@ -133,6 +133,10 @@ class Ledger:
             for k in ("from", "onto"):  # free text of a pull request's that reaches "reused from ..." and reports
                 if row.get(k) and not _REV.fullmatch(row[k]):
                     raise C128Error(f"{bad} (resolution #{i}: {k} = {row[k]!r} is not a git rev name)")
+        for entry in {row["entry"] for row in rows}:  # each entry's folder confined as read (once: a ledger holds up
+            # to MAX_LEDGER_ROWS rows): one that was a link out of the series passed `lint`, refused only where a rebase
+            # used its row (helper 175)
+            self._confined(entry)
         return [dict(row) for row in rows]
 
     def check(self) -> None:
