@@ -5,6 +5,7 @@ traceback (RecursionError included), and change nothing."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -153,8 +154,11 @@ def test_a_trees_recorded_layer_folders_must_be_the_operators(tmp_path: Path):
     git = Git(worktree=tree)
     git.run("init", "-q")
     c128_state_dir(git).mkdir()
+    (tmp_path / "link").symlink_to(mine)  # helper 175: a folder reached through a link was "holds no
+    # patches/series.toml", which it held
     for folders, refusal in (([str(mine)], None), (["../mine"], "name their folders"),
-                             ([str(tree / "acme")], "a tree c128patch patches: layers come from the operator")):
+                             ([str(tree / "acme")], "a tree c128patch patches: layers come from the operator"),
+                             ([str(tmp_path / "link")], rf"reached through a link \(it is {re.escape(str(mine))}\)")):
         (c128_state_dir(git) / "layers.json").write_text(json.dumps(folders))
         if refusal is None:
             assert tree_layers(git) == (mine,)

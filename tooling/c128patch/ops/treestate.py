@@ -110,8 +110,11 @@ def tree_layers(git: Git) -> tuple[Path, ...]:
     folders = [Path(f) for f in read_json(path, list) or [] if isinstance(f, str) and "\0" not in f]
     usable = [f.is_absolute() and f.resolve() == f and (f / MANIFEST).is_file() for f in folders]
     if len(folders) != len(names) or not all(usable):
-        gone = [f"{f} (layer {name}) " + ("is gone (moved or removed)" if not f.exists() else f"holds no {MANIFEST}")
-                for f, name, ok in zip(folders, names, usable) if not ok and f.is_absolute()]
+        gone = [f"{f} (layer {name}) " + ("is gone (moved or removed)" if not f.exists() else
+                                          f"is reached through a link (it is {f.resolve()}): not read"
+                                          if f.resolve() != f else f"holds no {MANIFEST}")
+                for f, name, ok in zip(folders, names, usable) if not ok and f.is_absolute()]  # (a link was "holds
+        # no patches/series.toml", which it held, helper 175)
         where = (f"; the folder it was applied with, {', '.join(gone)}" if len(gone) == 1 else
                  f"; the folders it was applied with: {'; '.join(gone)}" if gone else "")
         raise C128Error(f"{git.cwd} was applied with layer(s) {', '.join(names)} (its provenance says so){where}: "
