@@ -153,6 +153,18 @@ def test_a_hostile_journal_moves_and_deletes_nothing(tmp_path, how):
     assert (foreign / "patches" / "keep.patch").read_text() == "keep"
 
 
+@pytest.mark.parametrize("text", [b"\xff\xfe{", b"[" * 100_000 + b"]" * 100_000, b"[1]"],
+                         ids=["not-utf8", "deep", "list"])
+def test_a_journal_that_is_no_json_object_is_said_so(tmp_path, text):
+    """Helper 175: a plan.json that is no JSON object (not UTF-8, too deep, a list) was refused as "'moves' must be
+    pairs of a staged file and a path", which it does not hold: it is said to be no journal the tool writes."""
+    root = journal(series_folder(tmp_path / "layer"), [], [])
+    (root / txn.TXN / txn.PLAN).write_bytes(text)
+    with pytest.raises(C128Error, match=r"plan\.json: not a journal the tool writes \(no JSON object") as exc:
+        load_series(root)
+    assert "must be pairs" not in exc.value.message and (root / txn.TXN / txn.PLAN).read_bytes() == text
+
+
 @pytest.mark.parametrize("how", ["own-folder-another-users", "own-subfolder-another-users",
                                  "others-subfolder-writable"])
 def test_a_journal_writing_through_a_folder_another_user_may_change_moves_nothing(tmp_path, how):

@@ -125,7 +125,7 @@ def _plan(root: Path, folder: str, group: bool = True) -> dict:
     """``root``'s plan in ``folder``, checked: paths confined, its group naming ``root`` (and holding it)."""
     where = f"the interrupted refresh {root / folder / PLAN}"
     confine(root, f"{folder}/{PLAN}", where, regular=True)
-    plan = _read(root / folder) or {}
+    plan = _object(_read(root / folder), where)
     moves, deletes, group_of = plan.get("moves"), plan.get("deletes"), plan.get("group")
     parts = group_of.get("parts") if isinstance(group_of, dict) else None
     if not isinstance(moves, list) or not isinstance(deletes, list) or not all(isinstance(d, str) for d in deletes) \
@@ -152,6 +152,15 @@ def _plan(root: Path, folder: str, group: bool = True) -> dict:
                             "can swap a folder for a link between the check and the move)")
         if not any((_read(Path(part) / f) or {}).get("group") == group_of for f in (TXN, STAGING)):
             raise C128Error(f"{where}: {part!r} is not a folder of the same refresh")
+    return plan
+
+
+def _object(plan: dict | None, where: str) -> dict:
+    """A plan read as a JSON object; else one line that says so (bytes that are none, not UTF-8 or too deep, were
+    "'moves' must be pairs of a staged file and a path", helper 175)."""
+    if plan is None:
+        raise C128Error(f"{where}: not a journal the tool writes (no JSON object: damaged, not UTF-8 or nested too "
+                        "deeply)")
     return plan
 
 
