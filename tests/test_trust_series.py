@@ -2381,6 +2381,19 @@ def test_a_manifest_config_or_ledger_that_is_huge_is_one_line_unread(tmp_path, m
         Ledger(load_series(ledger)).rows()
 
 
+def test_read_toml_reads_no_file_that_is_not_regular(tmp_path):
+    """Helper 175 (rule 7 check): the row "read only as regular files of at most 64 MiB" named only the huge-file test;
+    with `read_toml`'s regular-file check taken out it and every FIFO test still passed (a FIFO read as empty TOML,
+    `{}`: a manifest of no entries). Its own proof: a FIFO and a folder are one line, never read."""
+    from c128patch.series.manifest import read_toml
+
+    os.mkfifo(tmp_path / "fifo.toml")
+    (tmp_path / "folder.toml").mkdir()
+    for name in ("fifo.toml", "folder.toml"):
+        with pytest.raises(C128Error, match=r"^BAD \((not a regular file of at most 64 MiB|cannot read it)"):
+            read_toml(tmp_path / name, "BAD")
+
+
 def test_a_manifest_config_or_ledger_holding_an_integer_past_pythons_digit_limit_is_one_line(tmp_path, monkeypatch):
     """h152: `x = 999...` (5,000 digits, 5 KB) in `patches/series.toml`, `c128patch.toml` or `ledger.toml`: tomllib's
     int() raised ValueError (not a TOMLDecodeError): `lint` (and every verb reading them) printed its traceback."""
