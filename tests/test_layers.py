@@ -147,6 +147,17 @@ def test_layer_new_refuses_an_unknown_base_an_existing_layer_and_a_folder_it_can
     assert load_series(tmp_path / "y").base == load_series(REPO_ROOT).base
 
 
+@pytest.mark.parametrize("folder", [".git/x", ".GIT/x", "a/.g\u0131t/x"])
+def test_layer_new_inside_gits_own_folder_is_refused_before_anything_is_written(tmp_path, folder):
+    """Helper 175: `layer new .git/x` (in a repository) wrote its manifest into git's own folder, then `load_layer`
+    refused it ("unsafe layer folder"), the files left there; any spelling git's folder folds from, refused first."""
+    Git(worktree=tmp_path).run("init", "-q")
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    refused(["layer", "new", tmp_path / folder, "--name", "site"],
+            contains="it is inside git's own folder; nothing was written")
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+
+
 def test_layer_new_on_a_full_disk_leaves_no_folder_behind(tmp_path, monkeypatch):
     """"nothing was written" over the empty folders it had made (``x/y/patches``) before the manifest failed."""
     from c128patch.series.manifest import Series

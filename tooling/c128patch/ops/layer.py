@@ -24,7 +24,7 @@ from c128patch.ops.refresh import base_label, bumped, format_patch, slug
 from c128patch.ops.replay import FAILED, replay_in_index
 from c128patch.ops.treestate import fault_point, tree_layers
 from c128patch.series import txn
-from c128patch.series.layers import SEP, check_layer_name, known_bases, load_layer, stack
+from c128patch.series.layers import SEP, check_layer_folder, check_layer_name, known_bases, load_layer, stack
 from c128patch.series.manifest import MANIFEST, Entry, Series, load_series
 from c128patch.series.paths import check_entry_name, check_relpath, not_a_file
 from c128patch.series.plan import sources_at
@@ -51,6 +51,8 @@ class NewEntry:
 def new_layer(folder: Path, name: str, series: Series, base: str = "") -> Series:
     """An empty layer in ``folder`` on ``base`` (default: the series base)."""
     check_layer_name(name, "layer new --name")
+    check_layer_folder(folder, "; nothing was written")  # (before the write: `layer new .git/x` wrote its manifest
+    # into git's own folder, then load_layer refused it, helper 175)
     if name == series.name:  # (every verb refuses such a stack later: say so before writing anything)
         raise C128Error(f"layer new --name {name}: that is the series' own name; a layer needs its own; nothing was "
                         "written")

@@ -57,10 +57,16 @@ def known_bases(series: Series) -> list[str]:
     return list(dict.fromkeys([*bases, *(v.base for e in series.entries for v in e.patch_files())]))
 
 
+def check_layer_folder(folder: Path, done: str = "") -> None:
+    """Refuse a layer folder inside git's own folder (any spelling ``git.is_git_dir_name`` folds to it); ``done``: what
+    the refusal adds ("; nothing was written")."""
+    if any(is_git_dir_name(p) for p in folder.resolve().parts):
+        raise C128Error(f"unsafe layer folder {folder}: it is inside git's own folder{done}")
+
+
 def load_layer(folder: Path, series: Series) -> Series:
     """The layer in ``folder``, checked against ``series`` (see the module doc); nothing is written."""
-    if any(is_git_dir_name(p) for p in folder.resolve().parts):
-        raise C128Error(f"unsafe layer folder {folder}: it is inside git's own folder")
+    check_layer_folder(folder)
     if os.path.lexists(folder) and not folder.is_dir():  # (a config's or the env's: "make one with layer new" failed)
         raise C128Error(f"layer folder {folder} is {what_is(folder)}, not a folder: name a layer's folder instead")
     if not os.path.lexists(folder / MANIFEST):  # (a FIFO or a link there: load_series says what it is, not "none")
