@@ -370,6 +370,26 @@ def test_binary_touching_entry(tmp_path: Path, out: Path, sglang_release_repo: P
     assert "sglang/srt/rust_extensions/ holds a compiled extension" in line and "c128patch build" in line
 
 
+@pytest.mark.parametrize("target", ["python/sglang/srt/ENVIRON.py", "python/sglang/SRT/environ.py"])
+def test_an_overlay_that_folds_onto_a_wheel_file_is_refused_before_writing(tmp_path: Path, out: Path,
+                                                                          upstream_wheel: Path, target: str):
+    """Helper 175: a layer overlay at `python/sglang/srt/ENVIRON.py` passed `lint` and `wheel`, and `verify-wheel`
+    refused the wheel `wheel` had made ("one file on some file systems"): installed on macOS or Windows it replaces
+    upstream's environ.py, no patch of that file reviewed. `wheel` refuses it before writing, naming the entry."""
+    layer = tmp_path / "layer"
+    (layer / "overlay").mkdir(parents=True)
+    data = b"X = 1\n"
+    (layer / "overlay" / "x.py").write_bytes(data)
+    (layer / "patches").mkdir()
+    (layer / "patches" / "series.toml").write_text(
+        '[series]\nname = "site"\nversion = "1"\nbase = "v0.5.23"\n\n[[entries]]\nname = "folds"\n'
+        f'kind = "overlay"\nsource = "overlay/x.py"\ntarget = "{target}"\nwhy = "test"\ngate = ""\n'
+        f'base = "v0.5.23"\nsha256 = "{hashlib.sha256(data).hexdigest()}"\n')
+    line = refused(["wheel", "--from-wheel", str(upstream_wheel), "--layer", str(layer)], out,
+                   "entry 'site/folds' writes sglang/")
+    assert "one file with sglang/srt/environ.py where names fold" in line, line
+
+
 def test_conflicting_patch(tmp_path: Path, sglang_release_repo: Path, wheel_series: Path):
     """The test series was made against 0.5.23; environ.py's context differs in 0.5.20. Exit 1, as
     `apply` exits on an entry that does not apply (and as `check` predicts)."""

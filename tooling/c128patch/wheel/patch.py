@@ -39,7 +39,7 @@ from c128patch.upstream.releases import (
     tag_for,
     wheel_timestamp,
 )
-from c128patch.wheel.rules import check_wheel_patchable, wheel_path
+from c128patch.wheel.rules import check_wheel_patchable, refuse_folded_collisions, wheel_path
 from c128patch.wheel.sbom import SBOM_NAME, Ancestor, PatchEntry, sbom_text
 from c128patch.wheel.tools import InWheel, binary_dirs, disk_errors, source_date_epoch
 
@@ -255,6 +255,7 @@ def patch_wheel(series: Series, wheel: Path, out_dir: Path, reporter: Reporter =
         planned = plan(series, git, commit)
         tree = git.out("rev-parse", f"{commit}^{{tree}}")  # upstream by content, unlike the cache's commit
         check_wheel_patchable(planned, binary_dirs(iw.members()))
+        refuse_folded_collisions(planned, iw.members())
         rows = apply_entries(iw, planned, wheel.name, reporter, series)
         upstream_sha = file_sha256(wheel)  # (sha256_file is a series file's: 64 MiB at most)
         epoch = source_date_epoch(wheel_timestamp(wheel))
