@@ -624,6 +624,6 @@ def test_a_bad_contract_lock_line_is_fixed_by_the_command_printed(applied):
     code, out = cli("refresh", "--tree", str(tree), "--series", str(series))
     assert code != 0 and "not a contract line refresh writes" in out["error"], out
     delete, refresh = re.findall(r"`([^`]+)`", out["error"])
-    assert run_printed(delete).returncode == 0 and refresh == "c128patch refresh"
-    assert run_printed(f"{refresh} --series {series}", cwd=tree).returncode == 0
+    assert run_printed(delete).returncode == 0 and refresh == f"c128patch refresh --series {series.absolute()}"
+    assert run_printed(refresh, cwd=tree).returncode == 0  # (as printed: the lock's series, not the tool's own)
     assert "/etc/passwd" not in lock.read_text()

@@ -363,7 +363,7 @@ def test_a_symlinked_or_non_utf8_contract_lock_is_refused_in_one_line(tmp_path):
     (root / "patches" / "contract.lock").unlink()
     (root / "patches" / "contract.lock").write_bytes(b"# base v0.5.23\nfunction a.\xff b c sig=1\n")
     with pytest.raises(C128Error, match=r"contract.lock:2: not UTF-8 .*; delete that line \(`sed -i 2d .*`\), then "
-                       "rewrite the lock with `c128patch refresh`"):
+                       "rewrite the lock from the patched tree with `c128patch refresh --series .*`"):
         read_lock(root / "patches")
     assert invoke("lint", "--offline", "--series", root).code == 1
 

@@ -152,9 +152,10 @@ def read_lock(patches_dir: Path) -> Lock | None:
 
 def _rewrite(path: Path, number: int) -> str:
     """The fix for a bad line: refresh reads the lock it rewrites (the signatures it accepted), so the line goes
-    first."""
-    return (f"delete that line (`sed -i {number}d {shell_quote(path)}`), then rewrite the lock with "
-            "`c128patch refresh`")
+    first; the refresh names the series the lock is of (without it, the tool's own was refreshed: helper 175)."""
+    series = path.absolute().parent.parent
+    return (f"delete that line (`sed -i {number}d {shell_quote(path)}`), then rewrite the lock from the patched tree "
+            f"with `c128patch refresh --series {shell_quote(series)}`")
 
 
 def merged(new: list[LockItem], old: Lock | None) -> list[LockItem]:
