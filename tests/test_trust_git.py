@@ -1282,6 +1282,40 @@ def test_git_killed_by_the_file_size_limit_is_said_so_not_a_negative_exit(tmp_pa
                            "raise it (ulimit -f unlimited) and run it again"), out
 
 
+def test_an_index_git_cannot_write_is_named_with_what_is_wrong_there(tmp_path):
+    """CI failed twice on git's "Unable to write new index file" (it names no file and no errno; not reproduced):
+    the failure names the index and says what is wrong there, its folder gone or the space left."""
+    import sys
+
+    repo, bin_dir, gone = tmp_path / "repo", tmp_path / "bin", tmp_path / "gone"
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    bin_dir.mkdir()
+    real = shutil.which("git")
+    (bin_dir / "git").write_text('#!/bin/sh\nfor a; do [ "$a" = update-index ] && '
+                                 '{ echo "fatal: Unable to write new index file" >&2; exit 128; }; done\n'
+                                 f'exec {real} "$@"\n')
+    (bin_dir / "git").chmod(0o755)
+    code = ("import sys\n"
+            "from pathlib import Path\n"
+            "from c128patch.errors import C128Error\n"
+            "from c128patch.git import Git\n"
+            "git = Git(worktree=Path(sys.argv[1]))\n"
+            "for env in ({}, {'GIT_INDEX_FILE': sys.argv[2] + '/index'}):\n"
+            "    try:\n"
+            "        git.with_env(**env).run('update-index', '--add', '--cacheinfo', '100644,' + '0' * 40 + ',a',\n"
+            "                                check=False)\n"
+            "    except C128Error as exc:\n"
+            "        print(exc.message)\n")
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    out = subprocess.run([sys.executable, "-c", code, str(repo), str(gone)], capture_output=True, text=True,
+                         timeout=60, env=env).stdout.splitlines()
+    assert len(out) == 2, out
+    assert out[0].startswith("git update-index --add --cacheinfo failed: fatal: Unable to write new index file "
+                             f"{repo / '.git' / 'index'} (") and out[0].endswith(" KiB free there)"), out
+    assert out[1] == ("git update-index --add --cacheinfo failed: fatal: Unable to write new index file "
+                      f"{gone / 'index'} (its folder: No such file or directory)"), out
+
+
 def test_a_trees_own_info_attributes_change_no_contract_row_and_no_verdict(tmp_path):
     """h133: a tree's `.git/info/attributes` (never committed, git reads it always) holding `*.cuh -diff` or `* binary`
     made `git diff -U0` say "Binary files differ": the contract rows of the calls the series adds there were dropped,

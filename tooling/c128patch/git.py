@@ -205,6 +205,7 @@ def git_executable() -> str:
     return exe
 
 
+_UNWRITTEN_INDEX = "Unable to write new index file"
 _LOCKED = re.compile(r"Unable to create '([^']+\.lock)': File exists")
 
 
@@ -503,9 +504,23 @@ class Git:
                     *(self._submodules_still() if args[:1] in (("commit",), ("stash",)) else ()),
                     *_PER_COMMAND.get(args[0] if args else "", ())]
         proc = self._raw(argv, full_env, settings, data, binary, timeout)
+        if proc.returncode and _UNWRITTEN_INDEX in str(proc.stderr):
+            raise GitError(args, proc.returncode, f"fatal: {self._index_state(full_env)}")
         # a git starved of memory, threads or files gives no answer a caller may read as "no" (does not apply); ``am``
         # is aborted and said by its caller (``ops.applier``)
         return _checked(args, proc) if check or args[:1] != ("am",) and _starved(proc) else proc
+
+    def _index_state(self, env: Mapping[str, str]) -> str:
+        """git's "Unable to write new index file" (it names no file, no errno) with the file and what is wrong
+        there: its folder gone, or the free space left."""
+        where = env.get("GIT_INDEX_FILE") or self.out("rev-parse", "--path-format=absolute", "--git-path", "index",
+                                                      check=False)
+        index = Path(where)
+        try:
+            state = f"{shutil.disk_usage(index.parent).free >> 10} KiB free there"
+        except OSError as exc:
+            state = f"its folder: {exc.strerror}"
+        return f"Unable to write new index file {index} ({state})"
 
     def out(self, *args: str, **kw) -> str:
         return self.run(*args, **kw).stdout.strip()
