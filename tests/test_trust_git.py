@@ -1446,6 +1446,26 @@ def test_a_trees_crlf_settings_and_sparse_checkout_neither_stop_apply_half_done(
 CRLF_CONFIG = "[core]\n\tautocrlf = true\n\teol = crlf\n\tsafecrlf = true\n"
 
 
+@pytest.mark.parametrize("operator", ["crlf and a merge program", "unreadable"])
+def test_one_config_read_takes_line_ends_from_the_operator_and_programs_from_the_repository_alone(
+        tmp_path, monkeypatch, operator):
+    """The repository's programs and the operator's line-end settings are read in one git call (status's CPU): a
+    merge program in the operator's own config is not the repository's (the tool's calls never read that config), one
+    in the repository's is refused whatever the operator's config holds, even one git cannot read."""
+    glob = tmp_path / "gitconfig"
+    glob.write_text("[core]\n\tautocrlf = true\n[merge \"x\"]\n\tdriver = touch /tmp/pwned\n"
+                    if operator != "unreadable" else "[core\n\tbroken")
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(glob))
+    plain, hostile, env = tmp_path / "plain", tmp_path / "hostile", {**os.environ, "GIT_CONFIG_GLOBAL": os.devnull}
+    for repo in (plain, hostile):
+        subprocess.run(["git", "init", "-q", str(repo)], check=True, env=env)
+    subprocess.run(["git", "-C", str(hostile), "config", "merge.y.driver", "touch /tmp/pwned"], check=True, env=env)
+    assert Git(worktree=plain).converts_eol() == (operator != "unreadable")
+    assert Git(worktree=plain).out("rev-parse", "--is-inside-work-tree") == "true"
+    with pytest.raises(C128Error, match=r"its git config names a merge program \(merge\.y\.driver = touch"):
+        Git(worktree=hostile).out("status")
+
+
 def test_the_operators_global_crlf_config_changes_no_commit_proof_or_refreshed_byte(series, sglang_release_repo,  # noqa: F811
                                                                                     tmp_path, monkeypatch):
     """Helper 170 (issue 36's open item): the operator's global config (GIT_CONFIG_GLOBAL: core.autocrlf=true,

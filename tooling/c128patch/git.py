@@ -205,6 +205,7 @@ def git_executable() -> str:
     return exe
 
 
+_EOL = re.compile(r"^core\.(autocrlf|eol)$")
 _UNWRITTEN_INDEX = "Unable to write new index file"
 _LOCKED = re.compile(r"Unable to create '([^']+\.lock)': File exists")
 
@@ -346,12 +347,9 @@ class Git:
         key = (str(self.cwd), str(git_dir), stamp)  # (a changed config: another key)
         if stamp is None or key not in _FILTERS:
             forced = [f"{k}={v}" for k, v in FORCED_CONFIG]
-            proc = self._raw(["config", "-z", "--get-regexp",
-                              f"{_DRIVERS.pattern}|{_INCLUDES}|^trailer\\.|{_PROMISOR}|^core\\.worktree$"
-                              "|^extensions\\.objectformat$"],
-                             self._base_env(), forced)
+            items, eol = self._read_config(forced)
             off, refusal = [], ""
-            for item in filter(None, proc.stdout.split("\0")):
+            for item in items:
                 name, _, value = item.partition("\n")  # (a name may hold a space)
                 if name in ("core.worktree", "extensions.objectformat"):  # (where and how it is, not a program)
                     refusal = refusal or self._layout_refusal(name, value, forced)
@@ -378,7 +376,7 @@ class Git:
                     off += [f"filter.{m.group(2)}.{k}" for k in ("clean=", "smudge=", "process=", "required=false")]
                 elif m and m.group(1) == "diff":  # (its cache would write notes into the repository)
                     off += [f"diff.{m.group(2)}.textconv=cat", f"diff.{m.group(2)}.cachetextconv=false"]
-            off += self._operators_eol(forced)
+            off += eol
             _FILTERS[key] = (off, refusal)
         off, refusal = _FILTERS[key]
         if refusal:
@@ -386,27 +384,39 @@ class Git:
         return list(off)
 
     def converts_eol(self) -> bool:
-        """Does the operator's git convert line ends here (``core.autocrlf``/``core.eol`` set: ``_operators_eol``)?"""
+        """Does the operator's git convert line ends here (``core.autocrlf``/``core.eol`` set: ``_read_config``)?"""
         self._settings()
         return any(s.startswith(("core.autocrlf=", "core.eol=")) for s in self.filters_off or ())
 
-    def _operators_eol(self, forced: list[str]) -> list[str]:
-        """``core.autocrlf`` and ``core.eol`` as the operator's git reads them here (the repository's, else their
-        global or system config's, which the tool's calls read nothing else of): a tree their git checked out with
-        CRLF line ends was "uncommitted changes" to the tool's git, and the `git stash -u` printed said "No local
-        changes to save"; the commits are the same either way (``FORCED_CONFIG``'s core.safeCRLF, overlays staged
-        ``--no-filters``); none without a work tree."""
-        if self.worktree is None:
-            return []
-        env = self._base_env()
-        for name in ("GIT_CONFIG_GLOBAL", "GIT_CONFIG_NOSYSTEM", "GIT_CONFIG_SYSTEM"):
-            env.pop(name, None)
-            if name in os.environ:  # (a relative file would be the tree's: none read)
-                value = os.environ[name]
-                env[name] = value if name.endswith("NOSYSTEM") or os.path.isabs(value) else os.devnull
-        items = self._raw(["config", "-z", "--get-regexp", r"^core\.(autocrlf|eol)$"], env, forced).stdout
-        found = dict(item.partition("\n")[::2] for item in items.split("\0") if item)  # (the last one wins, as git's)
-        return [f"{name}={value}" for name, value in found.items()]
+    def _read_config(self, forced: list[str]) -> tuple[list[str], list[str]]:
+        """The repository's own settings ``_filters_off`` reads (``name\nvalue``), and ``core.autocrlf`` and
+        ``core.eol`` as the operator's git reads them here (the repository's, else their global or system config's,
+        which the tool's calls read nothing else of), in one git call: a tree their git checked out with CRLF line
+        ends was "uncommitted changes" to the tool's git, and the `git stash -u` printed said "No local changes to
+        save"; the commits are the same either way (``FORCED_CONFIG``'s core.safeCRLF, overlays staged
+        ``--no-filters``). No line-end settings without a work tree, nor where the operator's config cannot be read
+        (then the repository's alone, as the tool's calls read it)."""
+        pattern = (f"{_DRIVERS.pattern}|{_INCLUDES}|^trailer\\.|{_PROMISOR}|^core\\.worktree$"
+                   "|^extensions\\.objectformat$")
+        if self.worktree is not None:
+            env = self._base_env()
+            for name in ("GIT_CONFIG_GLOBAL", "GIT_CONFIG_NOSYSTEM", "GIT_CONFIG_SYSTEM"):
+                env.pop(name, None)
+                if name in os.environ:  # (a relative file would be the tree's: none read)
+                    value = os.environ[name]
+                    env[name] = value if name.endswith("NOSYSTEM") or os.path.isabs(value) else os.devnull
+            proc = self._raw(["config", "-z", "--show-scope", "--get-regexp", f"{pattern}|{_EOL.pattern}"], env, forced)
+            if proc.returncode in (0, 1):  # (1: none set)
+                fields = proc.stdout.split("\0")
+                pairs = list(zip(fields[0::2], fields[1::2]))
+                eol = {name: value for _, (name, _, value) in ((s, i.partition("\n")) for s, i in pairs)
+                       if _EOL.match(name)}  # (the last one wins, as git's)
+                # the operator's own files (global, system and what they include) change no program the tool runs
+                own = [item for scope, item in pairs if scope in ("local", "worktree", "command")
+                       and not _EOL.match(item.partition("\n")[0])]
+                return own, [f"{name}={value}" for name, value in eol.items()]
+        proc = self._raw(["config", "-z", "--get-regexp", pattern], self._base_env(), forced)
+        return [item for item in proc.stdout.split("\0") if item], []
 
     def _layout_refusal(self, name: str, value: str, forced: list[str]) -> str:
         """Why c128patch cannot work in this repository as its config lays it out ("": it can)."""
