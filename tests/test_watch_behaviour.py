@@ -171,3 +171,32 @@ def test_no_run_runs_none_of_the_targets_code_and_is_unchecked(drift, tmp_path):
             "sglang imports resolve on the tree's files") in run.out["unchecked"]
     md = (tmp_path / "out" / "watch-report.md").read_text()
     assert "runs the target tree's code" not in md
+
+
+def python_running(tmp: Path, code: str) -> str:
+    """An interpreter without torch that runs ``code`` as it starts (a ``.pth`` line of its own site-packages, which
+    ``python -I`` still reads): what the box runs doing it."""
+    python = Path(no_torch_python(tmp))
+    site = next((python.parent.parent / "lib").glob("python3*/site-packages"))
+    (site / "c128-start.pth").write_text(f"import sys; exec({code!r})\n")
+    return str(python)
+
+
+def test_a_flood_of_output_is_broken_and_a_run_past_treechecks_timeout_unchecked(drift, tmp_path):
+    """Output past the box's limit is the target's defect: watch `broken` (it was `unchecked`), treecheck exit 1 (it
+    was 2); past treecheck's --timeout (600 s, fixed) it is unchecked, exit 8 (a slow host too: it was 2)."""
+    flood = python_running(tmp_path / "flood", "sys.stdout.write('x' * (17 << 20))")
+    line = "the target's code wrote more than 16 MiB to its stdout (the box's limit): none of it is taken"
+    run = invoke("watch", "--onto", "unrelated", "--repo", str(drift.git_dir), "--out", str(tmp_path / "out"),
+                 "--series", str(REPO_ROOT), "--python", flood)
+    assert run.code == EXIT["broken"] and run.out["outcome"] == "broken", (run.err, run.out.get("headline"))
+    assert run.out["behaviour"]["failed"] == [f"behavioural tier: {line}"]
+    run = invoke("treecheck", "--sglang-rev", "unrelated", "--repo", str(drift.git_dir), "--series", str(REPO_ROOT),
+                 "--python", flood)
+    assert run.code == 1 and run.out["failed"] == [f"behavioural tier: {line}"], (run.code, run.err)
+    hang = python_running(tmp_path / "hang", "import time; time.sleep(600)")
+    run = invoke("treecheck", "--sglang-rev", "unrelated", "--repo", str(drift.git_dir), "--series", str(REPO_ROOT),
+                 "--python", hang, "--timeout", "3")
+    assert run.code == 8 and not run.out["failed"], (run.code, run.err)
+    assert run.out["not_checked"] == ["behavioural tier: the target's code did not finish in 3 s (the box's time "
+                                      "limit; a slow host: treecheck --timeout SECONDS gives it more)"]

@@ -8,7 +8,16 @@ from pathlib import Path
 import click
 
 from c128patch import exitcodes
-from c128patch.cli.common import Run, applied_tree_here, load_stack, locate_tree, repo_option, say, verb_options
+from c128patch.cli.common import (
+    Run,
+    Seconds,
+    applied_tree_here,
+    load_stack,
+    locate_tree,
+    repo_option,
+    say,
+    verb_options,
+)
 from c128patch.errors import C128Error
 
 
@@ -22,10 +31,12 @@ from c128patch.errors import C128Error
 @click.option("--python", "python", default=None, help="The interpreter to import with, a path from the current "
               "folder or a name on PATH, never one inside the tree (default: an environment built from the target's "
               "own requirements, cached).")
+@click.option("--timeout", type=Seconds(), default=600.0, show_default=True, help="Give the target's code this "
+              "many seconds, gates off and on at once (past it: unchecked, exit 8).")
 @click.option("--no-run", "no_run", is_flag=True, help="Run none of the tree's code: only resolve its imports "
               "(then unchecked, exit 8).")
 @verb_options
-def command(tree: Path | None, rev: str | None, repo: str | None, python: str | None, no_run: bool,
+def command(tree: Path | None, rev: str | None, repo: str | None, python: str | None, timeout: float, no_run: bool,
             series_dir: Path | None, layer_dirs: tuple[Path, ...], as_json: bool, run: Run) -> None:
     """Import every module the series adds or changes on a patched tree, gates off and on, in a sealed box and
     the target's own environment (or --python): each imported, imported with stand-ins, failed, or not checked,
@@ -33,8 +44,9 @@ def command(tree: Path | None, rev: str | None, repo: str | None, python: str | 
     series' DSPARK scenarios through the tree's own classes (startup rules, static and compact verify -> accept ->
     commit, decode against float64): each passed, failed (naming the scenario, our module and the upstream
     definition) or not run (a module it needs did not import). Exit 0 only when every module imported and every
-    scenario passed, gates off and on; 1 when one fails; 8 (unchecked) when any could not be imported or run
-    here (a package missing, no torch, --no-run)."""
+    scenario passed, gates off and on; 1 when one fails (or the target's code floods its output past the box's
+    limit); 8 (unchecked) when any could not be imported or run here (a package missing, no torch, --no-run,
+    past --timeout)."""
     from c128patch.fit import contract, treecheck
     from c128patch.fit.env import describe
     from c128patch.fit.sandbox import NOTICE, interpreter
@@ -56,11 +68,11 @@ def command(tree: Path | None, rev: str | None, repo: str | None, python: str | 
         if tree is not None:
             git = Git(worktree=locate_tree(tree))
             result = treecheck.run(series, git.worktree, git.changed_files(contract.tree_base(git), "HEAD"),
-                                   python=python, run_code=not no_run, reporter=rep)
+                                   python=python, timeout=timeout, run_code=not no_run, reporter=rep)
         else:
             upstream = open_upstream(repo, [rev], rep)
             result = treecheck.run_rev(series, upstream.git, rev, upstream.resolve(rev), python=python,
-                                       run_code=not no_run, reporter=rep)
+                                       timeout=timeout, run_code=not no_run, reporter=rep)
     payload = result.to_json()
     if as_json:
         run.emit(payload, series)

@@ -239,6 +239,14 @@ def _linked_into(path: str, tree: Path) -> bool:
     return False
 
 
+class Flooded(C128Error):
+    """Its output past the box's limit: the target's defect (``fit.treecheck``: failed, never unchecked)."""
+
+
+class TimedOut(C128Error):
+    """Past the box's time limit: a slow host as well as a hang (``fit.treecheck``: unchecked, never failed)."""
+
+
 class Sealed:
     """``python -I -B ARGS`` started in the box; ``wait`` gives (stdout, stderr); ``kill`` ends its whole group."""
 
@@ -302,7 +310,7 @@ class Sealed:
         """What it wrote to ``name``; past ``output`` (or cut off at ``files``), a one-line error."""
         size = os.fstat(f.fileno()).st_size
         if size > self.output or size >= self.files:
-            raise C128Error(f"the target's code wrote more than {_size(min(self.output, self.files))} to its {name} "
+            raise Flooded(f"the target's code wrote more than {_size(min(self.output, self.files))} to its {name} "
                             "(the box's limit): none of it is taken")
         f.seek(0)
         return f.read(size).decode(errors="replace")
@@ -319,7 +327,7 @@ class Sealed:
                                 f"process): {last[:200]}")
             return out, err
         except subprocess.TimeoutExpired:
-            raise C128Error(f"the target's code did not finish in {self.timeout:g} s") from None
+            raise TimedOut(f"the target's code did not finish in {self.timeout:g} s") from None
         finally:
             self.kill()
 

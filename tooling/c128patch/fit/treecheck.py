@@ -24,7 +24,7 @@ from c128patch.errors import C128Error
 from c128patch.fit import env as env_ops
 from c128patch.fit.contract import patched_tree
 from c128patch.fit.resolve import PACKAGE, PY_ROOT, Def, Upstream, absolute, module_name, statements
-from c128patch.fit.sandbox import Sealed, interpreter, isolation
+from c128patch.fit.sandbox import Flooded, Sealed, TimedOut, interpreter, isolation
 from c128patch.git import Git
 from c128patch.procs import scratch
 from c128patch.progress import NullReporter, Reporter
@@ -60,10 +60,12 @@ class TreecheckResult:
     ran: bool = True  # False: the target's code was not run (``why``)
     why: str = "the target's code was not run (--no-run)"
     env: dict = field(default_factory=dict)  # the environment it ran in (``fit.env.tier_python``; --python: {})
+    fault: str = ""  # the box cut the target's code off for its own defect (``Flooded``): failed
 
     @property
     def failed(self) -> list[str]:
-        return [f"gates {t.gates}: {name}: {m['detail']}" for t in self.tiers
+        return [f"behavioural tier: {self.fault}"] * bool(self.fault) + [
+            f"gates {t.gates}: {name}: {m['detail']}" for t in self.tiers
                 for name, m in [*t.modules.items(), *t.probes.items()] if m["status"] == "failed"] + [
             f"imports: {name}: {m['detail']}" for name, m in self.imports.items() if m["status"] == "failed"] + [
             f"gates {t.gates}: {s['detail']}" for t in self.tiers for s in t.scenarios.values()
@@ -88,7 +90,7 @@ class TreecheckResult:
     def not_checked(self) -> list[str]:
         """One line per module (or probe) the tier could not run, with the reason; never a pass."""
         if not self.ran:
-            return [f"behavioural tier: {self.why}"]
+            return [] if self.fault else [f"behavioural tier: {self.why}"]
         if not all(t.torch for t in self.tiers):
             return ["behavioural tier: torch is not installed for this interpreter (nothing imported)"]
         seen = {name: m.get("detail", "") for t in reversed(self.tiers)  # the first tier's reason wins
@@ -177,7 +179,13 @@ class Pending:
         imports = check_imports(self.tree, self.modules)  # while the box runs
         if self.box is None:
             return TreecheckResult(imports=imports, ran=False, why=self.why)
-        stdout, stderr = self.box.wait()
+        try:
+            stdout, stderr = self.box.wait()
+        except TimedOut as exc:
+            return TreecheckResult(imports=imports, ran=False, env=self.env, why=f"{exc.message} (the box's time "
+                                   "limit; a slow host: treecheck --timeout SECONDS gives it more)")
+        except Flooded as exc:
+            return TreecheckResult(imports=imports, ran=False, env=self.env, why=exc.message, fault=exc.message)
         data = _answer(stdout, stderr, self.box.returncode, self.modules)
         result = TreecheckResult(imports=imports, env=self.env)
         for state in ("off", "on"):
@@ -231,7 +239,7 @@ def run(series: Series, tree: Path, paths: list[str], *, python: str | None = No
         pending.kill()
 
 
-def run_rev(series: Series, git: Git, rev: str, commit: str, *, python: str | None = None,
+def run_rev(series: Series, git: Git, rev: str, commit: str, *, python: str | None = None, timeout: float = 600,
             run_code: bool = True, reporter: Reporter = NullReporter()) -> TreecheckResult:
     """The tier on the series replayed at ``commit`` (``fit.contract.patched_tree``), unpacked in a temporary folder."""
     head = patched_tree(series, git, rev, commit)
@@ -239,8 +247,8 @@ def run_rev(series: Series, git: Git, rev: str, commit: str, *, python: str | No
         git.extract(head, f"{PY_ROOT}/sglang", Path(tmp))
         if git.blob(head, f"{PY_ROOT}/pyproject.toml") is not None:  # the requirements of ``fit.env``
             git.extract(head, f"{PY_ROOT}/pyproject.toml", Path(tmp))
-        return run(series, Path(tmp), git.changed_files(commit, head), python=python, run_code=run_code,
-                   reporter=reporter)
+        return run(series, Path(tmp), git.changed_files(commit, head), python=python, timeout=timeout,
+                   run_code=run_code, reporter=reporter)
 
 
 # ---------------------------------------------------------------------------- the static import check
