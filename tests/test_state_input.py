@@ -167,6 +167,21 @@ def test_a_trees_recorded_layer_folders_must_be_the_operators(tmp_path: Path):
             tree_layers(git)
 
 
+def test_a_journals_series_folder_inside_a_patched_tree_is_refused_as_a_series_folder(tmp_path: Path):
+    """A rebase or apply journal naming a series folder inside a tree the tool patches was refused as a "layer
+    folder" (helper 175): the refusal names what it is."""
+    from c128patch.series.layers import recorded_stack
+    from c128patch.series.manifest import MANIFEST
+
+    tree = tmp_path / "sglang"
+    (tree / PROVENANCE_PATH).parent.mkdir(parents=True)
+    (tree / PROVENANCE_PATH).write_text("{}")
+    (tree / "s" / MANIFEST).parent.mkdir(parents=True)
+    (tree / "s" / MANIFEST).write_text("")
+    with pytest.raises(C128Error, match=r"^series folder .* is inside .*: series come from the operator, not from"):
+        recorded_stack(str(tree / "s"), [], tmp_path / "rebase.json")
+
+
 def test_a_forged_or_damaged_contract_probe_cache_entry_does_not_turn_the_verdict(tmp_path: Path, monkeypatch):
     """The nvcc probe's verdict is cached by key in the shared cache: input. A damaged entry was a traceback; one
     of another shape, another key or a line that is not its verdict's was taken as the verdict."""

@@ -408,20 +408,22 @@ def lookup_layers(given: tuple[Path, ...] = (), cwd: Path | None = None,
     return operators(folders, origin), origin
 
 
-def operators(folders: Sequence[Path], origin: str) -> tuple[Path, ...]:
+def operators(folders: Sequence[Path], origin: str, series_first: bool = False) -> tuple[Path, ...]:
     """``folders`` (resolved) when none lies inside a tree the tool patches (layers come from the operator) and each
-    is named once (20,000 times one folder loaded it as many times: minutes)."""
+    is named once (20,000 times one folder loaded it as many times: minutes); ``series_first``: the first is the
+    series' folder (a journal's), said as one."""
     if dupes := duplicates(map(str, folders)):
         raise C128Error(f"layer folder {dupes[0]} (from {origin}) is named twice: name each layer folder once")
-    for folder in folders:
+    for i, folder in enumerate(folders):
+        what, whose = ("series folder", "series") if series_first and i == 0 else ("layer folder", "layers")
         try:
             top = next((f for f in [folder, *folder.parents] if _patched_top(f)), None)
         except OSError as exc:  # (a part over 255 bytes: ENAMETOOLONG's traceback, helper 168)
-            raise C128Error(f"layer folder {folder} (from {origin}) cannot be looked at ({exc.strerror}): name a "
-                            "layer's folder") from None
+            raise C128Error(f"{what} {folder} (from {origin}) cannot be looked at ({exc.strerror}): name a "
+                            f"{what.split()[0]}'s folder") from None
         if top is not None:
-            raise C128Error(f"layer folder {folder} (from {origin}) is inside {top}, a "
-                            "tree c128patch patches: layers come from the operator, not from upstream")
+            raise C128Error(f"{what} {folder} (from {origin}) is inside {top}, a tree c128patch patches: "
+                            f"{whose} come from the operator, not from upstream")
     return tuple(folders)
 
 
@@ -435,7 +437,7 @@ def recorded_stack(series_root: str, layers: Sequence[str], journal: Path, serie
     """The stack an apply or rebase ``journal`` (a state file: input) names, its folders the operator's (``operators``:
     none inside a tree the tool patches; ``owned``, ``owned_series``: the user's, but for the tool's own series or one
     the operator gave with --series)."""
-    root, *folders = operators([Path(p).resolve() for p in [series_root, *layers]], str(journal))
+    root, *folders = operators([Path(p).resolve() for p in [series_root, *layers]], str(journal), series_first=True)
     held = not series_given and root != default_series_root().resolve()
     if held:
         owned_series(root, str(journal))
