@@ -114,7 +114,8 @@ def pytest_configure(config: pytest.Config) -> None:
         root = tempfile.mkdtemp(prefix=f"{_ROOT_PREFIX}{os.getpid()}-", dir=parent)
         os.environ["C128PATCH_TEST_TMP"] = os.environ["TMPDIR"] = tempfile.tempdir = root
         if os.environ.pop("PYTHONDONTWRITEBYTECODE", None):  # each `c128patch` a test starts would compile the
-            os.environ["PYTHONPYCACHEPREFIX"] = os.path.join(root, "pycache")  # tool again: once, in the run's folder
+            # tool again: once, in the run's folder, or in the caller's (.ci/run's, shared by its three runs)
+            os.environ.setdefault("PYTHONPYCACHEPREFIX", os.path.join(root, "pycache"))
         config.add_cleanup(lambda: shutil.rmtree(root, ignore_errors=True))
         signal.signal(signal.SIGTERM, _interrupted)  # a run stopped by `timeout` or a CI job cleans up too
 
