@@ -11,7 +11,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from jsonschema import Draft202012Validator
 
 from c128patch.cli import COMMANDS, SCHEMA_VERSION
 from support import REPO_ROOT, invoke, make_test_series
@@ -44,10 +43,18 @@ def schema_of(verb: str) -> dict:
     return json.loads((SCHEMAS / f"{verb}.json").read_text())
 
 
+def validator():
+    """jsonschema's Draft202012Validator, imported when a test here runs: its import builds a grammar (1.5 CPU-s),
+    which every xdist worker paid at collection, in each of CI's three runs."""
+    from jsonschema import Draft202012Validator
+
+    return Draft202012Validator
+
+
 def assert_valid(verb: str, report: dict) -> None:
     assert report.get("schema") == SCHEMA_VERSION, report
     errors = [f"{'/'.join(map(str, e.absolute_path))}: {e.message}"
-              for e in Draft202012Validator(schema_of(verb)).iter_errors(report)]
+              for e in validator()(schema_of(verb)).iter_errors(report)]
     assert errors == [], (verb, errors)
 
 
@@ -58,7 +65,7 @@ def test_every_verb_has_a_schema_and_nothing_else_does():
 @pytest.mark.parametrize("verb", [*sorted(COMMANDS), "error"])
 def test_each_schema_is_draft_2020_12_of_this_version(verb):
     schema = schema_of(verb)
-    Draft202012Validator.check_schema(schema)
+    validator().check_schema(schema)
     assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
     assert "schema" in schema["required"] and schema["properties"]["schema"] == {"const": SCHEMA_VERSION}
 
@@ -73,7 +80,7 @@ def test_a_report_of_another_version_or_shape_is_refused():
     report = invoke("gates").out
     assert_valid("gates", report)
     for bad in ({**report, "schema": 2}, {k: v for k, v in report.items() if k != "gates"}):
-        assert list(Draft202012Validator(schema_of("gates")).iter_errors(bad))
+        assert list(validator()(schema_of("gates")).iter_errors(bad))
 
 
 @pytest.mark.parametrize("verb, args", CHEAP, ids=[verb for verb, _ in CHEAP])
