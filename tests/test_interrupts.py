@@ -656,3 +656,28 @@ def test_a_second_apply_into_a_tree_another_apply_is_cloning_waits_it_is_not_cal
         cloner.wait()
     with pytest.raises(Exception, match="a c128patch apply was interrupted in"):  # its run gone: interrupted
         ensure_idle(Git(worktree=tree), "apply")
+
+
+_AS_IT_STARTS = """
+import builtins, os, runpy, signal, sys
+real = builtins.__import__
+def imported(name, globals=None, locals=None, fromlist=(), level=0):
+    if name == "c128patch" and fromlist and "cli" in fromlist:  # the entry's own imports, before any verb's handler
+        os.kill(os.getpid(), signal.SIG{sig})
+    return real(name, globals, locals, fromlist, level)
+builtins.__import__ = imported
+sys.argv = ["c128patch", "lint", "--offline"]
+runpy.run_module("c128patch", run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
+def test_a_signal_as_the_tool_starts_says_so_not_a_silent_exit(tmp_path, sig):
+    """Helper 181 (round 32's leftover): SIGTERM or SIGHUP in the first ~0.2 s of a run, while the entry imports the
+    CLI (before a verb's handler), ended it by the default disposition: exit 143 or 129 and not a word. Now the line
+    every interrupted run says, and 128+N."""
+    proc = subprocess.run([sys.executable, "-c", _AS_IT_STARTS.format(sig=sig.name.removeprefix("SIG"))],
+                          env={**os.environ, "TMPDIR": str(tmp_path)}, capture_output=True, text=True, timeout=60,
+                          preexec_fn=default_signals)
+    assert proc.returncode == SIGNAL + sig, (proc.returncode, proc.stderr)
+    assert proc.stderr == f"c128patch: interrupted ({sig.name}): no outcome; nothing was done\n", proc.stderr

@@ -1,6 +1,18 @@
 """The console entry (`c128patch`) and `python -m c128patch`: the click CLI of cli/."""
 
+import signal
 import sys
+
+
+def _starting(signum: int, _frame: object) -> None:
+    """SIGTERM or SIGHUP as the tool starts (before a verb's handler): raised as Ctrl-C is, with its number; by default
+    they ended it silently (exit 143, 129: nothing said, nothing done)."""
+    raise KeyboardInterrupt(signum)
+
+
+for _sig in (signal.SIGTERM, signal.SIGHUP):
+    if signal.getsignal(_sig) != signal.SIG_IGN:  # (nohup's stays ignored)
+        signal.signal(_sig, _starting)
 
 try:  # Ctrl-C as the tool starts (its imports are most of that): nothing was done, and a traceback said so
     import gc
@@ -8,9 +20,10 @@ try:  # Ctrl-C as the tool starts (its imports are most of that): nothing was do
     from typing import Any, TextIO
 
     from c128patch import cli
-except KeyboardInterrupt:
-    sys.stderr.write("c128patch: interrupted (SIGINT): no outcome; nothing was done\n")
-    raise SystemExit(130) from None  # (exitcodes.SIGNAL + SIGINT: that module is not imported yet)
+except KeyboardInterrupt as _stop:
+    _num = _stop.args[0] if _stop.args and isinstance(_stop.args[0], int) else signal.SIGINT
+    sys.stderr.write(f"c128patch: interrupted ({signal.Signals(_num).name}): no outcome; nothing was done\n")
+    raise SystemExit(128 + _num) from None  # (exitcodes.SIGNAL + N: that module is not imported yet)
 
 
 class ReaderGone:
