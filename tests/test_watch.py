@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -440,6 +442,27 @@ def test_watch_refuses_an_unknown_rev_in_one_line(stand_in, tmp_path):
     w = watch(tmp_path / "out", REPO_ROOT, "no-such-branch", "--repo", remote(stand_in))
     assert w.run.code == 2 and w.run.err == f"c128patch: error: unknown rev 'no-such-branch' in {remote(stand_in)}\n"
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("said", ["fatal: sha1 file 'x/.git/index.lock' write error. Out of diskspace",
+                                  "error: unable to write file x.py: File too large"], ids=["disk-full", "ulimit-f"])
+def test_a_full_disk_or_file_size_limit_at_the_base_is_no_outcome_not_failed(sglang_release_repo, tmp_path,
+                                                                            monkeypatch, said):
+    """Helper 181: a full TMPDIR (or ``ulimit -f``) as watch checked the series out at its base: outcome `failed`
+    (exit 6), "the series does not apply at its own base", a report of a finding about the series. The machine's
+    failure: one line, exit 2, no report."""
+    real = shutil.which("git")
+    fake = tmp_path / "bin" / "git"
+    fake.parent.mkdir()
+    fake.write_text(f'#!/bin/sh\ncase " $* " in *" checkout --quiet -b "*) echo "{said}" >&2; exit 128;; esac\n'
+                    f'exec {real} "$@"\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    w = watch(tmp_path / "out", REPO_ROOT, "v0.5.23", "--repo", str(sglang_release_repo), "--no-run")
+    (line,) = w.run.err.strip().splitlines()[-1:]
+    assert w.run.code == 2 and line.startswith("c128patch: error: watch stopped: the machine") and said in line, \
+        w.run.err
+    assert not (tmp_path / "out" / "watch-report.json").exists()
 
 
 # -- the tree checks ---------------------------------------------------------------------------

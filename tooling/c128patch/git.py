@@ -222,6 +222,13 @@ _STARVED = (r"Out of memory|Cannot allocate memory|unable to create thread|Resou
 _ENVIRONMENT = re.compile(r"Permission denied|Operation not permitted|Read-only file system|File too large|" + _STARVED)
 
 
+def starved(text: str) -> str | None:
+    """The line of ``text`` (git's output, or the tool's error about it) saying the machine ran out of memory, threads,
+    files or disk, or a file reached ``ulimit -f`` (SIGXFSZ, EFBIG)."""
+    return next((line.strip() for line in text.splitlines() if re.search(_STARVED + "|File too large|SIGXFSZ", line)),
+                None)
+
+
 def environment_problem(text: str) -> str | None:
     """The line of git's output that says the machine failed (permission, space), not the input."""
     return next((line.strip() for line in text.splitlines() if _ENVIRONMENT.search(line)), None)

@@ -48,7 +48,7 @@ from c128patch.fit import copies
 from c128patch.fit import treecheck as tier_ops
 from c128patch.fit.sandbox import NOTICE, interpreter
 from c128patch.fit.watch_report import WORK_TREE, commit_message, headline, render
-from c128patch.git import Git
+from c128patch.git import Git, starved
 from c128patch.jsonio import write_json_atomic
 from c128patch.ops import refresh as refresh_ops
 from c128patch.ops.applier import Apply
@@ -537,7 +537,11 @@ def watch(series: Series, repo: str | None, onto: str, out: Path, *, timeout: fl
 def _not_a_signal(exc: C128Error) -> None:
     """A signal inside an apply or a series write of watch's own scratch (``Interrupted``: "the series is applied
     ... prove it with status --tree <scratch>") is the signal, not a finding: watch had reported `failed` (exit 6)
-    naming a tree it then removed."""
+    naming a tree it then removed. A full disk or ``ulimit -f`` is the machine's, not a finding either: watch had
+    reported `failed` (exit 6), "the series does not apply at its own base"."""
     if isinstance(exc, Interrupted):
         raise exc.stop() from None
+    if starved(exc.message):
+        raise C128Error(f"watch stopped: the machine, not the series ({exc.message}); no outcome: free space or raise "
+                        "the limit, then run it again") from None
 
