@@ -2761,3 +2761,25 @@ def test_a_repo_path_borrowing_objects_from_a_damaged_store_is_one_line_naming_t
     assert fsck.returncode != 0, fsck.stderr
     idx.write_bytes(data)
     assert invoke("check", "--repo", borrower, "--sglang-rev", "v0.5.23").code == 0
+
+
+def test_a_full_disk_under_the_release_cache_is_one_line_naming_it(fake_releases, tmp_path, monkeypatch):
+    """Helper 181: the cache's disk full as its trees record (``c128patch-trees``) was written: OSError's traceback
+    (ENOSPC) out of `apply`. One line naming the cache's folder, exit 2; no temporary file left there."""
+    import errno
+
+    from c128patch import jsonio
+    from c128patch.upstream.releases import ReleaseHistory
+
+    root = ReleaseHistory().ensure()
+    (root / "c128patch-trees").unlink()  # written again by the next run
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(jsonio.os, "fsync", full)
+    res = invoke("check", "--sglang-rev", "v0.5.23", as_json=False)
+    (line,) = res.err.strip().splitlines()
+    assert res.code == 2 and line.startswith(f"c128patch: error: cannot write in {root} (No space left on device)"), \
+        res.err
+    assert not [p for p in root.iterdir() if p.name.endswith(".tmp")]

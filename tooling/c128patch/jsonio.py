@@ -112,8 +112,10 @@ def write_atomic(path: Path, data: bytes, *, sync: bool = True) -> Path:
                 fh.flush()
                 os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.filename is None:  # (a write or fsync names no file: the line says which)
+            exc.filename = str(path)
         raise
     return path
 

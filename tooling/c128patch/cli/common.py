@@ -308,6 +308,11 @@ def _limit_met(exc: OSError) -> str:
         # 255 bytes, or past PATH_MAX: OSError's traceback where it was first looked at (helper 168)
         return (f"a path is too long for the file system ({exc.strerror}): {one_line(str(exc.filename))[:120]}...; "
                 "name a shorter one")
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):  # a write the verb did not expect to fail: a full
+        # release cache (its trees record) gave OSError's traceback (helper 181)
+        where = os.path.dirname(str(exc.filename)) if exc.filename else "a folder"
+        return (f"cannot write in {one_line(where)[:200]} ({exc.strerror}): it stopped there (c128patch status says "
+                "what is left in a tree); free space (or raise ulimit -f) and run it again")
     if exc.errno == errno.E2BIG:  # a child the environment leaves no room for
         size = sum(len(k) + len(v) + 2 for k, v in os.environ.items())
         return (f"cannot start {exc.filename or 'a child process'}: {exc.strerror} (the environment holds {size} "
