@@ -1294,6 +1294,47 @@ def test_a_tag_moved_with_its_tree_record_is_refused_by_the_version_its_sources_
     assert ReleaseHistory().ensure() == root
 
 
+def test_the_release_caches_tags_name_the_trees_the_tool_pins(sglang_release_repo):
+    """The trees ``KNOWN_TREES`` pins are the ones an import of PyPI's wheels gives (in CI, a cold cache built here)."""
+    from c128patch.upstream.releases import DEFAULT_RELEASES, KNOWN_TREES, tag_for
+
+    assert set(KNOWN_TREES) == set(DEFAULT_RELEASES)
+    for v in DEFAULT_RELEASES:
+        tree = subprocess.run(["git", "--git-dir", str(sglang_release_repo), "rev-parse", f"{tag_for(v)}^{{tree}}"],
+                              check=True, capture_output=True, text=True).stdout.strip()
+        assert tree == KNOWN_TREES[v], v
+
+
+def test_a_tag_moved_to_an_edited_commit_with_a_forged_record_is_refused_by_the_pinned_trees(
+        fake_releases, tmp_path, monkeypatch):
+    """Helper 181: tag v0.5.23 moved to a hand-edited commit (its `_version.py` still 0.5.23's) and its line in
+    `c128patch-trees` forged to match: every check of the cache passed, `apply` said "identical". The tool pins the
+    trees PyPI's wheels give (here: the stand-in wheels' trees), which nothing in the cache can change; an operator's
+    wheelhouse is theirs."""
+    from c128patch.upstream import releases
+    from c128patch.upstream.releases import ReleaseHistory
+
+    root = ReleaseHistory().ensure()
+    git = ["git", "--git-dir", str(root)]
+    trees = dict(line.split() for line in (root / "c128patch-trees").read_text().splitlines())
+    monkeypatch.setattr(releases, "KNOWN_TREES", trees)
+    env = {**os.environ, "GIT_INDEX_FILE": str(tmp_path / "index"), "GIT_AUTHOR_NAME": "x", "GIT_COMMITTER_NAME": "x",
+           "GIT_AUTHOR_EMAIL": "x@x.invalid", "GIT_COMMITTER_EMAIL": "x@x.invalid"}
+    out = lambda *a, **kw: subprocess.run([*git, *a], check=True, capture_output=True, text=True,  # noqa: E731
+                                          env=env, **kw).stdout.strip()
+    out("read-tree", "v0.5.23")
+    blob = out("hash-object", "-w", "--stdin", input="X = 1  # edited\n")
+    out("update-index", "--cacheinfo", f"100644,{blob},python/sglang/srt/environ.py")
+    edited = out("write-tree")
+    out("tag", "-f", "v0.5.23", out("commit-tree", edited, "-p", "v0.5.23", "-m", "edited"))
+    record = root / "c128patch-trees"
+    record.write_text(re.sub(r"(?m)^0\.5\.23 .*$", f"0.5.23 {edited}", record.read_text()))
+    assert ReleaseHistory().ensure() == root  # the operator's wheelhouse: their record
+    monkeypatch.delenv("C128PATCH_WHEELHOUSE")
+    with pytest.raises(C128Error, match="tag v0.5.23 does not name the sources of the sglang 0.5.23 release wheel"):
+        ReleaseHistory().ensure()
+
+
 def test_a_ref_shadowing_a_release_tag_in_the_cache_is_refused_saying_how_to_rebuild(fake_releases, tmp_path):
     """Helper 148: `refs/v0.5.23` (the tag untouched) wins over `refs/tags/v0.5.23` where git resolves `v0.5.23`:
     `apply --sglang-rev v0.5.23` built on 0.5.22's tree and said "identical ... on v0.5.23"; a `refs/replace/` ref
@@ -1333,10 +1374,12 @@ def test_a_file_at_the_top_of_the_cache_shadowing_a_release_tag_is_refused(fake_
 
 def fake_release_cache(monkeypatch, tmp_path: Path) -> tuple[Path, Path]:
     """A release cache under ``tmp_path`` of fake release wheels (``fake_wheel``): its wheels folder and 0.5.23's."""
+    from c128patch.upstream import releases
     from c128patch.upstream.releases import DEFAULT_RELEASES
 
     monkeypatch.delenv("C128PATCH_WHEELHOUSE", raising=False)
     monkeypatch.setenv("C128PATCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(releases, "KNOWN_TREES", {})  # stand-in wheels: the trees pinned are PyPI's wheels', not theirs
     folder = tmp_path / "cache" / "wheels"
     folder.mkdir(parents=True)
     return folder, {v: fake_wheel(folder, v) for v in DEFAULT_RELEASES}["0.5.23"]
