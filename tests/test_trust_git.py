@@ -1852,20 +1852,21 @@ def test_two_tags_whose_variant_file_names_meet_never_share_one_file(series, tre
     assert (series / "patches" / f"0001-test.{onto[:12]}.patch").is_file(), sorted((series / "patches").iterdir())
 
 
-def test_a_link_at_the_rebase_report_is_replaced_never_written_through(series, tree, tmp_path):
+@pytest.mark.parametrize("report", ["rebase-report.md", "rebase-report.json"])
+def test_a_link_at_the_rebase_report_is_replaced_never_written_through(series, tree, tmp_path, report):
     """helper 166: rebase wrote `.git/c128patch/rebase-report.md` with write_text, through a link there (whoever can
     write the tree's git dir): the file it named (~/.bashrc) was overwritten with the report. Now written as every
-    state file is (``jsonio.write_atomic``: a new file renamed over the link)."""
+    state file is (``jsonio.write_atomic``: a new file renamed over the link); the JSON report too (helper 179)."""
     git, victim = Git(worktree=tree), tmp_path / "victim"
     victim.write_text("precious\n")
     assert invoke(*apply_args(tree, series), as_json=False).code == 0
     state = tree / ".git" / "c128patch"
     state.mkdir(exist_ok=True)
-    (state / "rebase-report.md").symlink_to(victim)
+    (state / report).symlink_to(victim)
     assert invoke("rebase", "--onto", upstream_edits_the_same_line(git, tree), "--tree", tree, "--series", series,
                   as_json=False).code == 1
     assert victim.read_text() == "precious\n"
-    assert not (state / "rebase-report.md").is_symlink() and "conflict" in (state / "rebase-report.md").read_text()
+    assert not (state / report).is_symlink() and "conflict" in (state / report).read_text()
 
 
 def test_a_hunkless_file_diff_without_git_prefixes_is_refused_as_corrupt(tmp_path):
