@@ -360,6 +360,14 @@ def test_a_layer_entry_adding_non_ascii_text_is_taken_and_loads(tmp_path, applie
     assert add.code == 0, add.out
     lint = invoke("lint", "--offline", "--layer", layer)
     assert lint.code == 0 and lint.out["ok"] is True, lint.out
+    # a byte that is no UTF-8 (a Latin-1 "é") in the diff: git am takes it, so does the layer (helper 179)
+    env = applied_clone / ENV_PY
+    env.write_bytes(env.read_bytes() + b"# caf\xe9\n")
+    subprocess.run(["git", *ID, "-C", str(applied_clone), "commit", "-q", "-am", "acme: latin-1"], check=True)
+    add = invoke("layer", "add-entry", "--layer", layer, "--from-commit", "HEAD", "--tree", applied_clone, "--why", "w")
+    assert add.code == 0, add.out
+    lint = invoke("lint", "--offline", "--layer", layer)
+    assert lint.code == 0 and lint.out["ok"] is True, lint.out
 
 
 def test_a_layer_folder_named_with_a_byte_that_is_not_utf8_is_valid_unicode_in_json(tmp_path):
