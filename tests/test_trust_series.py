@@ -813,6 +813,22 @@ def test_a_config_in_a_folder_of_another_user_or_naming_a_layer_of_another_user_
     assert lookup_layers((), cwd=shared / "sub")[0] == ((shared / "lay").resolve(),)
 
 
+def test_a_config_in_a_repository_another_user_owns_is_refused_as_git_refuses_it(tmp_path, monkeypatch):
+    """Helper 179: our own c128patch.toml in a folder of a repository whose top (or git dir) another user owns was
+    read and its layer stacked, where git refuses the repository ("dubious ownership": safe.directory)."""
+    monkeypatch.delenv(ENV, raising=False)
+    repo = tmp_path / "repo"
+    (repo / "sub" / "lay").mkdir(parents=True)
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / "sub" / CONFIG).write_text('[layers]\npaths = ["lay"]\n')
+    for path in (repo, repo / ".git"):
+        os.chown(path, 65534, 65534)
+        with pytest.raises(C128Error, match=f"the repository {path} is owned by another user .*safe.directory"):
+            lookup_layers((), cwd=repo / "sub")
+        os.chown(path, 0, 0)
+    assert lookup_layers((), cwd=repo / "sub")[0] == ((repo / "sub" / "lay").resolve(),)
+
+
 def test_a_config_or_layer_folder_others_may_write_is_refused(tmp_path, monkeypatch):
     """Helper 134: a c128patch.toml writable by others (mode 666), or in a folder they may write (777, no sticky bit:
     they may swap the file), or naming a layer folder they may write, was read and its layers stacked."""

@@ -8,6 +8,7 @@ series replays it; ``part`` says which folder an entry's files and ledger live i
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -382,6 +383,12 @@ def find_config(start: Path, exclude: Sequence[Path] = ()) -> Path | None:
     if config is not None and not config.is_file():
         raise C128Error(f"{config} is {what_is(config)}, not a regular file: not read; put the config file itself "
                         f"there (or remove it), or name the layers with --layer or {ENV}")
+    for path in (chain[last], chain[last] / ".git") if config is not None and last in tops else ():
+        with contextlib.suppress(OSError):  # the repository it lies in, as git's safe.directory: its top, its git dir
+            if (uid := path.stat().st_uid) != os.getuid():
+                raise C128Error(f"{config}: the repository {path} is owned by another user (uid {uid}): not read (git "
+                                f"refuses it: safe.directory); {_made_yours(path, False)}, or name the layers with "
+                                f"--layer or {ENV}")
     for path in (config, config.parent) if config is not None else ():  # whoever owns the folder may swap the file
         if path.stat().st_uid != os.getuid():
             raise C128Error(f"{config}: {path} is owned by another user (uid {path.stat().st_uid}): not read (as "
