@@ -1219,6 +1219,26 @@ def test_a_layer_cannot_claim_one_of_our_entries_in_any_spelling(tmp_path, spell
     assert not (tmp_path / "tree").exists()
 
 
+def test_an_entry_trailer_indented_under_the_gate_claims_nothing(tmp_path):
+    """Helper 179: `` C128patch-Entry: <ours>`` on the line after the layer's gate trailer (one blank before it) is
+    that trailer's continuation to git, so the gate's value, not an entry trailer: it passes lint, and the commit apply
+    makes carries the layer's own entry only (what ``rebase``, ``refresh`` and ``status`` read), never ours."""
+    from c128patch.ops.replay import branch_commits
+
+    layer = tmp_path / "acme"
+    shutil.copytree(REPO_ROOT / "docs" / "examples" / "acme-layer", layer)
+    patch = layer / "patches" / "0001-acme-sps-env.patch"
+    old = hashlib.sha256(patch.read_bytes()).hexdigest()
+    patch.write_text(patch.read_text().replace("C128patch-Entry: acme/acme-sps-env",
+                                               " C128patch-Entry: c128-dspark-online-env"))
+    manifest = layer / "patches" / "series.toml"
+    manifest.write_text(manifest.read_text().replace(old, hashlib.sha256(patch.read_bytes()).hexdigest()))
+    assert invoke("lint", "--offline", "--layer", layer).code == 0
+    assert invoke("apply", "--sglang-rev", "v0.5.23", "--layer", layer, "--tree", tmp_path / "tree").code == 0
+    entries = [c.entry for c in branch_commits(Git(worktree=tmp_path / "tree"), "v0.5.23")]
+    assert "acme/acme-sps-env" in entries and entries.count("c128-dspark-online-env") == 1, entries
+
+
 def test_a_folded_entry_trailer_is_read_as_git_reads_it_whole(tmp_path):
     """helper 167: ``C128patch-Entry: site/x`` continued on a line starting with a blank is one trailer to git (its
     value both lines); read as its first line only it passed ``lint`` (0 errors), and ``apply`` read the branch's
