@@ -1077,6 +1077,23 @@ def test_a_layer_row_of_the_provenance_cannot_take_an_entry_of_the_series_it_cla
         _check_known(iw, moved, known)
 
 
+def test_a_layer_record_listing_other_entries_is_not_the_layer_given():
+    """Helper 179: with ``--layer``, only a layer record's name, version and digest were compared: a provenance (RECORD
+    recomputed) listing one of our entries as the layer's, or dropping its entries (what doctor says the build
+    carries), passed ``verify-wheel --layer`` as the layer given (without ``--layer`` it was refused)."""
+    from c128patch.series.layers import layer_rows, stack
+    from c128patch.wheel.verify import _check_series
+
+    series = stack(load_series(REPO_ROOT), [REPO_ROOT / "docs" / "examples" / "acme-layer"])
+    (row,) = layer_rows(series)
+    iw, base = SimpleNamespace(wheel=Path("w.whl")), {"series": {"digest": series.ours.digest()}, "entries": []}
+    with pytest.raises(C128Error, match="lists no entry"):  # (past the layers: the record's entries are left out)
+        _check_series(iw, {**base, "layers": [row]}, series)
+    for entries in (row["entries"][:1], ["c128-dspark-online-env", *row["entries"][1:]]):
+        with pytest.raises(C128Error, match="its record of layer acme lists other entries than .*acme-layer has"):
+            _check_series(iw, {**base, "layers": [{**row, "entries": entries}]}, series)
+
+
 def test_a_wheel_claiming_the_series_may_leave_out_only_an_entry_the_series_records_merged(patched, wheel_series):
     """Helper 93's attack: the entry moved from "entries" to "dropped" under our exact label: every check passed and
     the wheel lacked a fix. Our digest vouches for every entry; one left out only where the series records it merged

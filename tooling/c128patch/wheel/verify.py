@@ -176,6 +176,10 @@ def _check_series(iw: InWheel, record: dict, series: Series) -> None:
         said = [f"the layers {_names(rows)} (name, version, digest)" if rows else "no layers"
                 for rows in (layers, want)]
         raise _mismatch(iw.wheel, f"made with {said[0]}, not {said[1]}")
+    for r, w, layer in zip(record.get("layers", []), layer_rows(series), series.layers):  # (its entries: doctor's)
+        if r.get("entries") != w["entries"]:
+            raise _mismatch(iw.wheel, f"its record of layer {w['name']} lists other entries than {layer.root} has "
+                                      "(the provenance was edited)")
     names = {e.name for e in series.entries}
     for entry in record.get("entries", []):
         if entry.get("name") not in names:  # a mismatch of the wheel (exit 1), not bad input
