@@ -530,9 +530,7 @@ class Git:
     def _index_state(self, env: Mapping[str, str]) -> str:
         """git's "Unable to write new index file" (it names no file, no errno) with the file and what is wrong
         there: its folder gone, or the free space left."""
-        where = env.get("GIT_INDEX_FILE") or self.out("rev-parse", "--path-format=absolute", "--git-path", "index",
-                                                      check=False)
-        index = Path(where)
+        index = Path(env.get("GIT_INDEX_FILE") or self.cwd / self.out("rev-parse", "--git-path", "index", check=False))
         try:
             state = f"{shutil.disk_usage(index.parent).free >> 10} KiB free there"
         except OSError as exc:

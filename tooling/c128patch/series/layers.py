@@ -426,8 +426,8 @@ def operators(folders: Sequence[Path], origin: str, series_first: bool = False) 
         try:
             top = next((f for f in [folder, *folder.parents] if _patched_top(f)), None)
         except OSError as exc:  # (a part over 255 bytes: ENAMETOOLONG's traceback, helper 168)
-            raise C128Error(f"{what} {folder} (from {origin}) cannot be looked at ({exc.strerror}): name a "
-                            f"{what.split()[0]}'s folder") from None
+            raise C128Error(f"{what} {folder} (from {origin}) cannot be looked at ({exc.strerror}): name another "
+                            f"{what}") from None
         if top is not None:
             raise C128Error(f"{what} {folder} (from {origin}) is inside {top}, a tree c128patch patches: "
                             f"{whose} come from the operator, not from upstream")
