@@ -637,9 +637,9 @@ class Git:
 
 
 def _starved(proc: subprocess.CompletedProcess) -> bool:
-    """Did git fail for want of memory, threads or files (``_STARVED``)."""
+    """Did git fail for want of memory, threads, files or disk, or at ``ulimit -f`` (``starved``)."""
     err = proc.stderr if isinstance(proc.stderr, str) else (proc.stderr or b"").decode(errors="replace")
-    return proc.returncode != 0 and re.search(_STARVED, err) is not None
+    return proc.returncode != 0 and starved(err) is not None
 
 
 def _checked(args: Sequence[str], proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
