@@ -4,6 +4,7 @@ again when one moved: HEAD (an amend, a commit), the series (an entry's file, th
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -153,3 +154,27 @@ def test_a_record_that_cannot_be_written_is_proved_each_time(applied):
         res = status_of(series, tree)
         assert res.code == 0 and res.out["proof"] == "computed" and res.out["equals_series"], res.err
 
+
+
+def test_status_proves_a_read_only_repository_without_writing_to_it(applied, tmp_path):
+    """A tree whose repository cannot be written (a read-only mount, or no write permission) is proven with the
+    replay's objects in a scratch store: git's hash-object -w failed there and status exited 2 (helper 183)."""
+    series, tree = applied
+    (tree / ".git" / "c128patch" / PROOF).unlink()
+    view = tmp_path / "ro"
+    view.mkdir()
+    mounted = subprocess.run(["mount", "--bind", "-o", "ro", str(tree), str(view)], capture_output=True,
+                             check=False).returncode == 0 if hasattr(os, "geteuid") and os.geteuid() == 0 else False
+    if not mounted:
+        view = tree
+        subprocess.run(["chmod", "-R", "a-w", str(tree / ".git")], check=True)
+    try:
+        if os.access(view / ".git" / "objects", os.W_OK):
+            pytest.skip("cannot make the repository read-only here")
+        res = status_of(series, view)
+        assert res.code == 0 and res.out["proof"] == "computed" and res.out["equals_series"], res.err
+    finally:
+        if mounted:
+            subprocess.run(["umount", str(view)], check=False)
+        else:
+            subprocess.run(["chmod", "-R", "u+w", str(tree / ".git")], check=False)

@@ -5,6 +5,7 @@ read from its record (``ops.proofs``) while its key holds, else (or ``prove_agai
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import asdict
 from pathlib import Path
 
@@ -86,15 +87,20 @@ def _edited_overlays(git: Git, prov_commit: str, overlays: list[dict]) -> set[st
 
 
 def _proof(git: Git, series: Series, state: Path, key: dict[str, str], prove_again: bool,
-           without: list[str]) -> dict:
+           without: list[str], objects: Path) -> dict:
     """``equivalence`` (HEAD against ``series`` on the upstream ``key`` names, less the entries ``without`` that the
     provenance says a rebase left out) and ``proof``: "recorded", or "computed" (and recorded); nothing when the
-    upstream commit is not in the repository."""
+    upstream commit is not in the repository. A repository whose ``objects`` cannot be written (a read-only mount) is
+    proven with the replay's objects in a scratch store (git's hash-object -w failed there: status exited 2)."""
     proof = None if prove_again else proofs.recorded(state, key)
     if proof is None and key["upstream"] and git.rev_parse(key["upstream"]):
+        from c128patch import procs
         from c128patch.ops.equivalence import prove  # the replay: only on a miss
 
-        proof = prove(series, git, key["rev"], key["upstream"], key["head"], without=without).to_json()
+        with procs.scratch("c128objects-") as store:
+            if not os.access(objects, os.W_OK):
+                git = git.with_env(GIT_OBJECT_DIRECTORY=store, GIT_ALTERNATE_OBJECT_DIRECTORIES=str(objects.resolve()))
+            proof = prove(series, git, key["rev"], key["upstream"], key["head"], without=without).to_json()
         proofs.record(state, key, proof)
         return {"equivalence": proof, "proof": "computed"}
     return {"equivalence": proof, "proof": "recorded"} if proof else {}
@@ -103,7 +109,7 @@ def _proof(git: Git, series: Series, state: Path, key: dict[str, str], prove_aga
 def tree_status(git: Git, series: Series | None = None, prove_again: bool = False) -> dict:
     """What ``status`` reports of the tree in ``git`` (with ``series``: whether it equals a fresh apply)."""
     tree = git.cwd
-    lock, state, common = git_paths(git, ["index.lock", "c128patch"], "--git-common-dir")
+    lock, state, objects, common = git_paths(git, ["index.lock", "c128patch", "objects"], "--git-common-dir")
     rebase = rebase_status(git, state / "rebase.json") if (state / "rebase.json").is_file() else None
     apply = apply_status(git, state / "apply.json") if (state / "apply.json").is_file() else None
     holder = running(common)
@@ -143,7 +149,7 @@ def tree_status(git: Git, series: Series | None = None, prove_again: bool = Fals
                                  "layers_differ": not starts_stack(record, series)}
         left_out = [str(d.get("name")) for d in record.get("dropped", [])  # as refresh proves it (a rebase's skip)
                     if isinstance(d, dict) and d.get("status") in ("dropped-as-merged", "skipped")]
-        out.update(_proof(git, series, state, key, prove_again, left_out))
+        out.update(_proof(git, series, state, key, prove_again, left_out, objects))
         identical = out.get("equivalence", {}).get("identical") is True
         out["equals_series"] = identical and not out["uncommitted"] and not out["drift"]
     return out
