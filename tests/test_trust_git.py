@@ -1900,3 +1900,20 @@ def test_a_pack_index_over_64_mib_is_held_to_its_packs_checksum_not_refused_as_d
     assert index_sound(idx)
     pack.write_bytes(b"PACK" + b"\0" * 100 + b"\2" * 20)  # another pack's checksum: damaged
     assert not index_sound(idx)
+
+
+def test_a_full_disk_in_a_fresh_clone_says_it_was_removed_not_to_resume(sglang_release_repo, tmp_path, monkeypatch):
+    """Helper 183: a 149 MB tmpfs took the clone and checkout, then ``git am`` ran out of space: "... Out of diskspace
+    (fix that, then resume) (the new clone ... was removed)"; there is nothing to resume (``apply --continue``: "no
+    such folder"). Now it says the clone was removed, and nothing of resuming."""
+    real = shutil.which("git")
+    fake = tmp_path / "bin" / "git"
+    fake.parent.mkdir()
+    fake.write_text(f'#!/bin/sh\ncase " $* " in *" am "*) echo "fatal: sha1 file \'.git/index.lock\' write error. '
+                    f'Out of diskspace" >&2; exit 128;; esac\nexec {real} "$@"\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    tree = tmp_path / "sglang"
+    res = invoke("apply", "--sglang-rev", "v0.5.23", "--tree", tree, as_json=False)
+    assert res.code == 2 and "Out of diskspace" in res.err and f"(the new clone {tree} was removed)" in res.err, res.err
+    assert "resume" not in res.err and not tree.exists(), res.err

@@ -65,6 +65,7 @@ from c128patch.textsafe import shell_join, shell_quote
 from c128patch.upstream.source import Target, discard_fresh_tree, fetch_into
 
 PHASES = ("clone", "checkout", "entries", "provenance")
+RESUME_NOTE = " (fix that, then resume)"  # the machine failed mid-apply (a fresh clone's is removed: no resume)
 
 
 @dataclass
@@ -516,7 +517,7 @@ class Apply:
             problem = environment_problem(output)
             if problem:  # the machine, not the series: no conflict to resolve
                 raise C128Error(f"cannot apply entry '{item.entry.name}' in {self.tree}: "
-                                f"{problem.removeprefix('error: ')} (fix that, then resume)")
+                                f"{problem.removeprefix('error: ')}{RESUME_NOTE}")
             retry = dated.run("am", "--ignore-whitespace", "--committer-date-is-author-date", str(item.path),
                               check=False)
             if retry.returncode != 0:
@@ -586,7 +587,7 @@ class Apply:
             dest.parent.mkdir(parents=True, exist_ok=True)
             dest.write_bytes(data)
         except OSError as exc:  # the machine, not the series: no conflict to resolve
-            raise C128Error(f"{failure}: {exc.strerror} (fix that, then resume)") from None
+            raise C128Error(f"{failure}: {exc.strerror}{RESUME_NOTE}") from None
 
     def _conflict(self, journal: ApplyJournal, item: Planned, planned: list[Planned], output: str) -> ConflictError:
         path, hunk = _failure_detail(self.git, item, output)

@@ -11,6 +11,7 @@ from c128patch import procs
 from c128patch.errors import C128Error, ConflictError, Interrupted
 from c128patch.git import Git, damaged_index, damaged_repository, is_work_tree, refuse_git_dir
 from c128patch.ops.applier import (
+    RESUME_NOTE,
     Apply,
     ApplyJournal,
     ApplyResult,
@@ -84,7 +85,8 @@ def apply_rev(series: Series, repo: str | None, rev: str, *, tree: Path | None =
             exc.hint = "\n".join([f"note: {older}", *([exc.hint] if exc.hint else [])])
         raise
     except C128Error as exc:
-        if fresh:  # any other failure in a clone made just now leaves nothing behind
+        if fresh:  # any other failure in a clone made just now leaves nothing behind (nothing to resume)
+            exc.message = exc.message.replace(RESUME_NOTE, "")
             exc.message += f" (the new clone {worktree} was removed)" if discard_fresh_tree(worktree, existed) else \
                 f" (the new clone {worktree} could not be removed: remove it by hand)"
             exc.hint = None  # nothing is left to resume or undo
