@@ -1571,3 +1571,27 @@ def test_add_entry_where_the_new_patchs_name_holds_no_regular_file_is_one_line(t
                     "w"], applied_clone, "patches/0001-acme-the-site-s-note.patch is a")
     assert "not a regular file" in line and "nothing was written" in line, line
     assert {p: p.read_bytes() for p in layer.rglob("*") if p.is_file()} == files
+
+
+def test_add_entry_whose_trial_copy_cannot_be_written_is_one_line_naming_it(tmp_path, applied_clone):
+    """Helper 183: a full TMPDIR or ``ulimit -f`` while add-entry writes the layer's trial copy (its lint and replay):
+    "cannot write in a folder (File too large) ... (c128patch status says what is left in a tree)", naming no folder.
+    Now one line naming the trial copy and the layer, which is left as it was."""
+    import resource
+
+    anchor = '    SGLANG_SPEC_TP_SYNC = EnvStr("all")\n'
+    sha = commit_on(applied_clone, ENV_PY, anchor, anchor + "    # acme: padding\n" * 2000, "acme: a big comment")
+    layer = tmp_path / "acme"
+    assert invoke("layer", "new", layer, "--name", "acme").code == 0
+    before = {p: p.read_bytes() for p in layer.rglob("*") if p.is_file()}
+
+    def small() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (16384, 16384))
+
+    proc = subprocess.run([sys.executable, "-m", "c128patch", "layer", "add-entry", "--layer", str(layer),
+                           "--from-commit", sha, "--tree", str(applied_clone), "--why", "w"],
+                          capture_output=True, text=True, timeout=300, preexec_fn=small)
+    (line,) = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and "its trial copy in " in line and "(File too large)" in line, proc.stderr
+    assert f"nothing was written in {layer};" in line, line
+    assert {p: p.read_bytes() for p in layer.rglob("*") if p.is_file()} == before

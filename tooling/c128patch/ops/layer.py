@@ -90,9 +90,16 @@ def _refuse_unsound(layer: Series, updated: Series, name: str, files: dict[str, 
                             f"in {layer.root} (the new entry's patch goes there: move it away); nothing was written")
     with procs.scratch("c128layer-") as tmp:
         trial = Path(tmp) / "layer"
-        shutil.copytree(layer.root, trial, symlinks=True, ignore=shutil.ignore_patterns(".git", txn.TXN, txn.STAGING))
-        for rel, data in {**files, MANIFEST: updated.to_toml().encode()}.items():
-            (trial / rel).write_bytes(data)
+        try:  # (a full TMPDIR, ulimit -f: "cannot write in a folder", naming none; helper 183)
+            shutil.copytree(layer.root, trial, symlinks=True,
+                            ignore=shutil.ignore_patterns(".git", txn.TXN, txn.STAGING))
+            for rel, data in {**files, MANIFEST: updated.to_toml().encode()}.items():
+                (trial / rel).write_bytes(data)
+        except OSError as exc:
+            why = exc.strerror or "a file could not be copied"  # (shutil.Error: none)
+            raise C128Error(f"cannot add commit {sha[:12]} to layer {layer.name}: its trial copy in {tmp} cannot be "
+                            f"written ({why}); nothing was written in {layer.root}; free space there (or set TMPDIR, "
+                            "raise ulimit -f) and run it again") from None
         errors = [f for f in lint_series(load_series(trial)) if f.level == "error" and f.entry == name
                   and f.message.startswith(tuple(files))]  # the patch's own (a gate the layer must describe: the
         # layer is fixed after, as docs/layers.md has it)
