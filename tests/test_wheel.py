@@ -1413,6 +1413,24 @@ def test_full_disk_is_one_line(out: Path, wheel_series: Path, upstream_wheel: Pa
             "disk full while patching")
 
 
+def test_a_full_output_folder_is_named_not_a_temporary_file(out: Path, wheel_series: Path, upstream_wheel: Path,
+                                                           monkeypatch):
+    """Helper 183: -o on a full 20 MB tmpfs: zipfile's write names no file, and the line said "a temporary file ...
+    free space (or set TMPDIR)", where the partial wheel was in -o. Now the -o folder is named."""
+    import errno
+
+    from c128patch.wheel import tools
+
+    def full(self, path: Path, epoch: int) -> None:
+        path.write_bytes(b"partial")
+        raise OSError(errno.ENOSPC, "No space left on device")  # (as a zipfile write raises it)
+
+    monkeypatch.setattr(tools.InWheel, "_write", full)
+    line = refused(["wheel", "--from-wheel", str(upstream_wheel), "--series", str(wheel_series)], out,
+                   "disk full while patching")
+    assert f"({out}: No space left on device)" in line and "a temporary file" not in line, line
+
+
 def test_file_size_limit_is_one_line(tmp_path: Path, wheel_series: Path, upstream_wheel: Path):
     """Under ``ulimit -f`` (10 MB, the patched wheel is 39 MB): one line, exit 2, no partial file in -o."""
     import resource

@@ -293,9 +293,11 @@ class InWheel:
             self._write(part, epoch)
             fault_point("at", "wheel-write")
             os.replace(part, dest)
-        except BaseException:
+        except BaseException as exc:
             if created:
                 shutil.rmtree(dest_dir, ignore_errors=True)
+            if isinstance(exc, OSError) and exc.filename is None:  # zipfile's writes name no file: "a temporary
+                raise OSError(exc.errno, exc.strerror, str(dest_dir)) from None  # file ... set TMPDIR" (helper 183)
             raise
         finally:
             shutil.rmtree(work, ignore_errors=True)
