@@ -250,3 +250,26 @@ def test_a_state_folder_that_is_a_link_is_refused_before_anything_is_written_thr
     subprocess.run(shlex.split(line.split("remove it (", 1)[1].split(") and run again", 1)[0]), check=True)
     assert invoke(*apply).code == 0 and state.is_dir() and not state.is_symlink()
     assert list(elsewhere.iterdir()) == []
+
+
+def test_a_lock_that_cannot_be_written_is_one_line_naming_it(tmp_path, monkeypatch):
+    """Helper 183: `rebase --abort` (any verb taking the repository's lock) on a full disk: the lock's pwrite gave
+    "cannot write in a folder (No space left on device)", naming none. Now one line naming the lock, nothing done."""
+    import errno
+    import os
+    import subprocess
+
+    from c128patch.ops import treestate
+
+    subprocess.run(["git", "init", "-q", str(tmp_path / "r")], check=True)
+
+    def full(*_args: object) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "pwrite", full)
+    with pytest.raises(C128Error) as err:
+        with treestate.repo_lock(Git(worktree=tmp_path / "r"), "rebase"):
+            raise AssertionError("the lock was taken")
+    lock = tmp_path / "r" / ".git" / treestate.LOCK_NAME
+    assert err.value.message == (f"cannot rebase: cannot write the lock {lock} (No space left on device); nothing was "
+                                 "changed; free space there and run it again")

@@ -358,9 +358,14 @@ def repo_lock(git: Git, action: str) -> Iterator[None]:
         raise C128Error(f"another {who} is running in {git.worktree}{pid}; wait for it to finish and retry; "
                         "nothing was changed") from None
     stale = _holder(fd)  # still written: its holder died without releasing
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, json.dumps({"action": action, "pid": os.getpid(),
-                              "since": time.strftime("%Y-%m-%dT%H:%M:%S")}).encode(), 0)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps({"action": action, "pid": os.getpid(),
+                                  "since": time.strftime("%Y-%m-%dT%H:%M:%S")}).encode(), 0)
+    except OSError as exc:  # a full disk: "cannot write in a folder", naming none (helper 183)
+        os.close(fd)
+        raise C128Error(f"cannot {action}: cannot write the lock {path} ({exc.strerror}); nothing was changed; free "
+                        "space there and run it again") from None
     try:
         yield
         if stale is not None:  # said once the operation went through (a refusal says what matters)
