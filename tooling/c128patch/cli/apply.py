@@ -20,6 +20,7 @@ from c128patch.cli.common import (
 from c128patch.errors import C128Error
 
 if TYPE_CHECKING:
+    from c128patch.ops.applier import Apply
     from c128patch.ops.apply import ApplyResult
     from c128patch.series.manifest import Series
 
@@ -75,7 +76,7 @@ def command(rev: str | None, repo: str | None, branch: str | None, tree: Path | 
                                             if series_dir else recorded_layers_said(run, Apply(git).recorded()),
                                             rep)
         return _report(run, result, series)
-    aborted = Apply(git).abort()
+    aborted = _abort(Apply(git))
     if as_json:
         return run.emit(aborted)
     if aborted["removed_clone"]:
@@ -94,6 +95,20 @@ def command(rev: str | None, repo: str | None, branch: str | None, tree: Path | 
             listing = shell_join(["git", "-C", aborted["tree"], "stash", "list"])
             done += f"; uncommitted changes are in stash {aborted['stash'][:12]} ({listing})"
     say(done)
+
+
+def _abort(undoing: Apply) -> dict:
+    """``undoing.abort()``; where it fails with the apply's journal kept (a full disk at its git reset: one line, not
+    a word of the apply still stopped; helper 183), the undo to run again is said."""
+    try:
+        return undoing.abort()
+    except C128Error as exc:
+        if undoing.path.is_file() and not exc.hint:
+            from c128patch.ops.treestate import apply_commands
+
+            undo = apply_commands(undoing.tree)[1]
+            exc.hint = f"the apply is still stopped (its journal kept); fix that, then: {undo}"
+        raise
 
 
 def _report(run: Run, r: ApplyResult, series: Series, older: str = "") -> None:
