@@ -900,3 +900,32 @@ def test_a_report_folder_that_cannot_take_the_report_is_one_line_and_leaves_noth
     assert run.code == 2, run.err
     assert f"cannot write the rebase report into {report_dir} (" in run.out["error"], run.out
     assert sorted(p.name for p in report_dir.iterdir()) == ["rebase-report.md"], list(report_dir.iterdir())
+
+
+def test_an_abort_the_disk_stops_says_the_rebase_is_still_in_progress_and_how_to_undo_it(series_dir, fresh, tmp_path,
+                                                                                       monkeypatch):
+    """Helper 183: a rebase stopped by a full disk, then `rebase --abort` on the still full disk: "git reset ...
+    failed: ... Out of diskspace", nothing of the rebase (in progress, its journal kept). Now it says so with the
+    undo, which works as printed once the disk has room."""
+    import os
+
+    git = copied(fresh["v0.5.22"].worktree, tmp_path / "tree")
+    real = shutil.which("git")
+    fake = tmp_path / "bin" / "git"
+    fake.parent.mkdir()
+    full = ('#!/bin/sh\ncase " $* " in *" {} "*) echo "fatal: sha1 file \'.git/index.lock\' write error. Out of '
+            f'diskspace" >&2; exit 128;; esac\nexec {real} "$@"\n')
+    fake.write_text(full.format("read-tree"))
+    fake.chmod(0o755)
+    path = os.environ["PATH"]
+    monkeypatch.setenv("PATH", f"{fake.parent}:{path}")
+    assert rebase(git, series_dir, "--onto", "v0.5.23").code == 2
+    assert rebase_journal(git).is_file()
+    fake.write_text(full.format("reset"))
+    res = invoke("rebase", "--abort", "--tree", str(git.worktree), as_json=False)
+    undo = f"c128patch rebase --abort --tree {git.worktree}"
+    assert res.code == 2 and "Out of diskspace" in res.err, res.err
+    assert f"the rebase is still in progress (its journal kept); fix that, then `{undo}`" in res.err, res.err
+    monkeypatch.setenv("PATH", path)
+    done = invoke(*shlex.split(undo)[1:], as_json=False)
+    assert done.code == 0 and "rebase aborted" in done.text + done.err, done.err
