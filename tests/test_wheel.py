@@ -1450,6 +1450,25 @@ def test_file_size_limit_is_one_line(tmp_path: Path, wheel_series: Path, upstrea
     assert list(out.iterdir()) == []
 
 
+def test_too_few_open_files_for_verify_wheel_is_one_line(patched, wheel_series: Path, tmp_path: Path):
+    """Helper 183: ``ulimit -n 12``: verify-wheel's scratch folder's rmtree met EMFILE: OSError's traceback, exit 1.
+    Now one line naming the limit, exit 2; the folder left is removed by the next run."""
+    import resource
+
+    def low() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (12, 12))
+
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-m", "c128patch", "verify-wheel", str(patched.wheel), "--series",
+                           str(wheel_series)], capture_output=True, text=True, preexec_fn=low, timeout=300, env=env)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert error_line(proc.stderr).startswith("c128patch: error: too many open files (Too many open files; the limit, "
+                                              "ulimit -n 12, is too low)"), proc.stderr
+    again = subprocess.run([sys.executable, "-m", "c128patch", "verify-wheel", str(patched.wheel), "--series",
+                            str(wheel_series)], capture_output=True, text=True, timeout=300, env=env)
+    assert again.returncode == 0 and list(tmp_path.iterdir()) == [], again.stderr
+
+
 def test_killed_wheel_leaves_no_partial_file(tmp_path: Path, wheel_series: Path, upstream_wheel: Path):
     """kill -9 just before the finished wheel is renamed into -o: no wheel appears there, and the
     next run removes the killed run's hidden folders (in -o and in TMPDIR); a live run's stay."""

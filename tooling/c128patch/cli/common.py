@@ -313,6 +313,13 @@ def _limit_met(exc: OSError) -> str:
         where = os.path.dirname(str(exc.filename)) if exc.filename else "a folder"
         return (f"cannot write in {one_line(where)[:200]} ({exc.strerror}): it stopped there (c128patch status says "
                 "what is left in a tree); free space (or raise ulimit -f) and run it again")
+    if exc.errno in (errno.EMFILE, errno.ENFILE):  # (verify-wheel under ulimit -n 12: its scratch folder's rmtree
+        # gave OSError's traceback, exit 1; helper 183)
+        import resource
+
+        limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        return (f"too many open files ({exc.strerror}; the limit, ulimit -n {limit}, is too low): it stopped there (a "
+                "scratch folder left is removed by the next run); raise it and run it again")
     if exc.errno == errno.E2BIG:  # a child the environment leaves no room for
         size = sum(len(k) + len(v) + 2 for k, v in os.environ.items())
         return (f"cannot start {exc.filename or 'a child process'}: {exc.strerror} (the environment holds {size} "
