@@ -1921,8 +1921,8 @@ def test_a_full_disk_in_a_fresh_clone_says_it_was_removed_not_to_resume(sglang_r
 
 def test_an_abort_the_disk_stops_says_the_apply_is_still_stopped_and_how_to_undo_it(series, tree, tmp_path,
                                                                                   monkeypatch):
-    """Helper 183: `apply --abort` on a still full disk: "git status ... failed: ... Out of diskspace", nothing said
-    of the apply (still stopped, its journal kept). Now it says so with the undo, which works as printed."""
+    """Helper 183: `apply --continue` or `--abort` on a still full disk: "git status ... failed: ... Out of diskspace",
+    nothing said of the apply (still stopped, its journal kept). Now it says so with both; the undo works as printed."""
     real = shutil.which("git")
     fake = tmp_path / "bin" / "git"
     fake.parent.mkdir()
@@ -1934,10 +1934,12 @@ def test_an_abort_the_disk_stops_says_the_apply_is_still_stopped_and_how_to_undo
     monkeypatch.setenv("PATH", f"{fake.parent}:{path}")
     assert invoke(*apply_args(tree, series), as_json=False).code == 2
     fake.write_text(full.format("status"))
-    res = invoke("apply", "--abort", "--tree", tree, as_json=False)
-    undo = f"c128patch apply --abort --tree {tree.resolve()}"
-    assert res.code == 2 and "Out of diskspace" in res.err, res.err
-    assert f"the apply is still stopped (its journal kept); fix that, then: {undo}" in res.err, res.err
+    undo, resume = (f"c128patch apply --{verb} --tree {tree.resolve()}" for verb in ("abort", "continue"))
+    for verb in ("--continue", "--abort"):
+        res = invoke("apply", verb, "--tree", tree, as_json=False)
+        assert res.code == 2 and "Out of diskspace" in res.err, res.err
+        assert f"the apply is still stopped (its journal kept); fix that, then: {resume}, or undo it: {undo}" in \
+            res.err, res.err
     monkeypatch.setenv("PATH", path)
     done = invoke(*undo.split()[1:], as_json=False)
     assert done.code == 0 and "apply aborted" in done.text + done.err, done.err

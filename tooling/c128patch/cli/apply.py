@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterator
 
 import click
 
@@ -71,12 +72,13 @@ def command(rev: str | None, repo: str | None, branch: str | None, tree: Path | 
         raise C128Error(f"no such folder: {where}")
     git = Git(worktree=locate_tree(where))
     if cont:
-        with reporter(not as_json, title="apply") as rep:
+        with reporter(not as_json, title="apply") as rep, _still_stopped(Apply(git)):
             result, series = continue_apply(git, load_stack(run, series_dir, layer_dirs, git.worktree)
                                             if series_dir else recorded_layers_said(run, Apply(git).recorded()),
                                             rep)
         return _report(run, result, series)
-    aborted = _abort(Apply(git))
+    with _still_stopped(Apply(git)) as undoing:
+        aborted = undoing.abort()
     if as_json:
         return run.emit(aborted)
     if aborted["removed_clone"]:
@@ -97,17 +99,18 @@ def command(rev: str | None, repo: str | None, branch: str | None, tree: Path | 
     say(done)
 
 
-def _abort(undoing: Apply) -> dict:
-    """``undoing.abort()``; where it fails with the apply's journal kept (a full disk at its git reset: one line, not
-    a word of the apply still stopped; helper 183), the undo to run again is said."""
+@contextlib.contextmanager
+def _still_stopped(stopped: Apply) -> Iterator[Apply]:
+    """A --continue or --abort that fails with the apply's journal kept (a full disk at its git status or reset: git's
+    line alone, not a word of the apply still stopped; helper 183) says so, with the resume and the undo."""
     try:
-        return undoing.abort()
+        yield stopped
     except C128Error as exc:
-        if undoing.path.is_file() and not exc.hint:
+        if stopped.path.is_file() and not exc.hint:
             from c128patch.ops.treestate import apply_commands
 
-            undo = apply_commands(undoing.tree)[1]
-            exc.hint = f"the apply is still stopped (its journal kept); fix that, then: {undo}"
+            resume, undo = apply_commands(stopped.tree)
+            exc.hint = f"the apply is still stopped (its journal kept); fix that, then: {resume}, or undo it: {undo}"
         raise
 
 
