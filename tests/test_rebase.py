@@ -904,9 +904,9 @@ def test_a_report_folder_that_cannot_take_the_report_is_one_line_and_leaves_noth
 
 def test_an_abort_the_disk_stops_says_the_rebase_is_still_in_progress_and_how_to_undo_it(series_dir, fresh, tmp_path,
                                                                                        monkeypatch):
-    """Helper 183: a rebase stopped by a full disk, then `rebase --abort` on the still full disk: "git reset ...
-    failed: ... Out of diskspace", nothing of the rebase (in progress, its journal kept). Now it says so with the
-    undo, which works as printed once the disk has room."""
+    """Helper 183: a rebase stopped by a full disk, then `rebase --continue` or `--abort` on the still full disk: "git
+    reset ... failed: ... Out of diskspace", nothing of the rebase (in progress, its journal kept). Now it says so with
+    the resume and the undo, which works as printed once the disk has room."""
     import os
 
     git = copied(fresh["v0.5.22"].worktree, tmp_path / "tree")
@@ -921,11 +921,13 @@ def test_an_abort_the_disk_stops_says_the_rebase_is_still_in_progress_and_how_to
     monkeypatch.setenv("PATH", f"{fake.parent}:{path}")
     assert rebase(git, series_dir, "--onto", "v0.5.23").code == 2
     assert rebase_journal(git).is_file()
-    fake.write_text(full.format("reset"))
-    res = invoke("rebase", "--abort", "--tree", str(git.worktree), as_json=False)
-    undo = f"c128patch rebase --abort --tree {git.worktree}"
-    assert res.code == 2 and "Out of diskspace" in res.err, res.err
-    assert f"the rebase is still in progress (its journal kept); fix that, then `{undo}`" in res.err, res.err
+    undo, resume = (f"c128patch rebase --{verb} --tree {git.worktree}" for verb in ("abort", "continue"))
+    for verb, fails in (("--continue", "read-tree"), ("--abort", "reset")):
+        fake.write_text(full.format(fails))
+        res = invoke("rebase", verb, "--tree", str(git.worktree), as_json=False)
+        assert res.code == 2 and "Out of diskspace" in res.err, res.err
+        assert (f"the rebase is still in progress (its journal kept); fix that, then `{resume}`, or undo it: "
+                f"`{undo}`") in res.err, res.err
     monkeypatch.setenv("PATH", path)
     done = invoke(*shlex.split(undo)[1:], as_json=False)
     assert done.code == 0 and "rebase aborted" in done.text + done.err, done.err

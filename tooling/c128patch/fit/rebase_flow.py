@@ -68,9 +68,10 @@ def rebase(git: Git, verb: Verb, *, onto: str = "", repo: str | None = None, dro
                 f"  the rebase is in progress (its journal kept); fix that, then "
                 f"`{rebase_command(git.worktree, 'continue')}`, or undo it: "
                 f"`{rebase_command(git.worktree, 'abort')}`"))))
-        elif verb == "abort" and rb.path.is_file() and not exc.hint:  # (a full disk at its git reset; helper 183)
-            assert git.worktree is not None
+        elif verb != "onto" and rb.path.is_file() and not exc.hint:  # (a full disk at git reset, read-tree: git's
+            assert git.worktree is not None  # line alone; helper 183)
             exc.hint = (f"  the rebase is still in progress (its journal kept); fix that, then "
+                        f"`{rebase_command(git.worktree, 'continue')}`, or undo it: "
                         f"`{rebase_command(git.worktree, 'abort')}`")
         raise
     except KeyboardInterrupt as stop:
