@@ -234,6 +234,11 @@ def environment_problem(text: str) -> str | None:
     return next((line.strip() for line in text.splitlines() if _ENVIRONMENT.search(line)), None)
 
 
+def machine_failed(text: str) -> bool:
+    """Does ``text`` (an error) say the machine failed (``starved``, ``environment_problem``), not the input."""
+    return bool(starved(text) or environment_problem(text))
+
+
 def _ended(returncode: int) -> str:
     """How git ended without a word: its exit code, or the signal that killed it by name (SIGXFSZ: the file size
     limit, ``ulimit -f``; it said "exit -25")."""

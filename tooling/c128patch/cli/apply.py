@@ -106,7 +106,9 @@ def _still_stopped(stopped: Apply) -> Iterator[Apply]:
     try:
         yield stopped
     except C128Error as exc:
-        if stopped.path.is_file() and not exc.hint:
+        from c128patch.git import machine_failed
+
+        if stopped.path.is_file() and not exc.hint and machine_failed(exc.message):
             from c128patch.ops.treestate import apply_commands
 
             resume, undo = apply_commands(stopped.tree)

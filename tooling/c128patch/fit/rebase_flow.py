@@ -12,7 +12,7 @@ from typing import Iterator, Literal
 
 from c128patch.errors import C128Error, ConflictError, Interrupted
 from c128patch.fit import contract as contract_ops
-from c128patch.git import Git
+from c128patch.git import Git, machine_failed
 from c128patch.jsonio import write_atomic
 from c128patch.ops.rebase import Journal, Rebase
 from c128patch.ops.treestate import fault_point, own_index_lock, rebase_command, rebase_journal, repo_lock
@@ -68,8 +68,8 @@ def rebase(git: Git, verb: Verb, *, onto: str = "", repo: str | None = None, dro
                 f"  the rebase is in progress (its journal kept); fix that, then "
                 f"`{rebase_command(git.worktree, 'continue')}`, or undo it: "
                 f"`{rebase_command(git.worktree, 'abort')}`"))))
-        elif verb != "onto" and rb.path.is_file() and not exc.hint:  # (a full disk at git reset, read-tree: git's
-            assert git.worktree is not None  # line alone; helper 183)
+        elif verb != "onto" and rb.path.is_file() and not exc.hint and machine_failed(exc.message):  # (a full
+            assert git.worktree is not None  # disk at git reset, read-tree: git's line alone; helper 183)
             exc.hint = (f"  the rebase is still in progress (its journal kept); fix that, then "
                         f"`{rebase_command(git.worktree, 'continue')}`, or undo it: "
                         f"`{rebase_command(git.worktree, 'abort')}`")
