@@ -1590,7 +1590,8 @@ def test_add_entry_whose_trial_copy_cannot_be_written_is_one_line_naming_it(tmp_
 
     proc = subprocess.run([sys.executable, "-m", "c128patch", "layer", "add-entry", "--layer", str(layer),
                            "--from-commit", sha, "--tree", str(applied_clone), "--why", "w"],
-                          capture_output=True, text=True, timeout=300, preexec_fn=small)
+                          capture_output=True, text=True, timeout=300, preexec_fn=small,
+                          env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})  # (no .pyc cut short by the limit)
     (line,) = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and "its trial copy in " in line and "(File too large)" in line, proc.stderr
     assert f"nothing was written in {layer};" in line, line
