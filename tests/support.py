@@ -100,6 +100,21 @@ def run_printed(command: str, cwd: Path | None = None) -> subprocess.CompletedPr
     return subprocess.run(["bash", "-c", command], cwd=cwd or _SHIM[0], env=env, capture_output=True, text=True)
 
 
+OUT_OF_DISK = "fatal: sha1 file '.git/index.lock' write error. Out of diskspace"  # git's, on a full disk
+
+
+def failing_git(folder: Path, pattern: str, said: str) -> Path:
+    """A ``git`` in ``folder`` (put ``folder`` first on PATH) that says ``said`` and exits 128 where its arguments
+    match the shell ``case`` pattern ``pattern`` (``*" am "*``), else runs the real git; called again, it rewrites
+    it."""
+    folder.mkdir(exist_ok=True)
+    fake = folder / "git"
+    fake.write_text(f'#!/bin/sh\ncase " $* " in {pattern}) echo "{said}" >&2; exit 128;; esac\n'
+                    f'exec {shutil.which("git")} "$@"\n')
+    fake.chmod(0o755)
+    return fake
+
+
 def table_column(text: str, index: int) -> str:
     """Column ``index`` of the rich table(s) in ``text`` as one string: its cells' lines joined by spaces (a table
     fits 100 columns, its cells wrapped: issue 37)."""

@@ -910,20 +910,16 @@ def test_an_abort_the_disk_stops_says_the_rebase_is_still_in_progress_and_how_to
     import os
 
     git = copied(fresh["v0.5.22"].worktree, tmp_path / "tree")
-    real = shutil.which("git")
-    fake = tmp_path / "bin" / "git"
-    fake.parent.mkdir()
-    full = ('#!/bin/sh\ncase " $* " in *" {} "*) echo "fatal: sha1 file \'.git/index.lock\' write error. Out of '
-            f'diskspace" >&2; exit 128;; esac\nexec {real} "$@"\n')
-    fake.write_text(full.format("read-tree"))
-    fake.chmod(0o755)
+    from support import OUT_OF_DISK, failing_git
+
+    fake = failing_git(tmp_path / "bin", '*" read-tree "*', OUT_OF_DISK)
     path = os.environ["PATH"]
     monkeypatch.setenv("PATH", f"{fake.parent}:{path}")
     assert rebase(git, series_dir, "--onto", "v0.5.23").code == 2
     assert rebase_journal(git).is_file()
     undo, resume = (f"c128patch rebase --{verb} --tree {git.worktree}" for verb in ("abort", "continue"))
     for verb, fails in (("--continue", "read-tree"), ("--abort", "reset")):
-        fake.write_text(full.format(fails))
+        failing_git(fake.parent, f'*" {fails} "*', OUT_OF_DISK)
         res = invoke("rebase", verb, "--tree", str(git.worktree), as_json=False)
         assert res.code == 2 and "Out of diskspace" in res.err, res.err
         assert (f"the rebase is still in progress (its journal kept); fix that, then `{resume}`, or undo it: "

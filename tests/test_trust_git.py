@@ -27,7 +27,18 @@ from c128patch.series.ledger import Conflict, Ledger
 from c128patch.series.manifest import load_series
 from c128patch.upstream.releases import cache_dir
 from small_series import CUH, EDIT, LINE, series, tree  # noqa: F401 (fixtures)
-from support import cli_process, invoke, printed_command, refused, run_printed, small_clone, snapshot, upstream_commit
+from support import (
+    OUT_OF_DISK,
+    cli_process,
+    failing_git,
+    invoke,
+    printed_command,
+    refused,
+    run_printed,
+    small_clone,
+    snapshot,
+    upstream_commit,
+)
 
 OVERLAY = "python/sglang/c128_test_overlay.py"
 HOOKS = ("pre-commit", "prepare-commit-msg", "commit-msg", "post-commit", "applypatch-msg", "pre-applypatch",
@@ -1393,11 +1404,7 @@ def test_a_git_starved_of_memory_or_threads_is_a_machine_failure_not_a_conflict(
     """Helper 139: under ``ulimit -v`` git's ``am`` or ``apply --cached`` failed for want of memory or threads:
     ``apply`` said the entry "does not apply" (a conflict to resolve by hand, exit 1) and ``check`` that the wheel
     "stops at" an entry; neither is the series'. A git that says so (``git._STARVED``) is one line, exit 2."""
-    real = shutil.which("git")
-    fake = tmp_path / "bin" / "git"
-    fake.parent.mkdir()
-    fake.write_text(f'#!/bin/sh\ncase " $* " in {fails}) echo "{said}" >&2; exit 128;; esac\nexec {real} "$@"\n')
-    fake.chmod(0o755)
+    fake = failing_git(tmp_path / "bin", fails, said)
     monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
     args = apply_args(tree, series) if " am " in fails else ["check", "--sglang-rev", "v0.5.23", "--repo", tree,
                                                            "--series", series]
@@ -1906,12 +1913,7 @@ def test_a_full_disk_in_a_fresh_clone_says_it_was_removed_not_to_resume(sglang_r
     """Helper 183: a 149 MB tmpfs took the clone and checkout, then ``git am`` ran out of space: "... Out of diskspace
     (fix that, then resume) (the new clone ... was removed)"; there is nothing to resume (``apply --continue``: "no
     such folder"). Now it says the clone was removed, and nothing of resuming."""
-    real = shutil.which("git")
-    fake = tmp_path / "bin" / "git"
-    fake.parent.mkdir()
-    fake.write_text(f'#!/bin/sh\ncase " $* " in *" am "*) echo "fatal: sha1 file \'.git/index.lock\' write error. '
-                    f'Out of diskspace" >&2; exit 128;; esac\nexec {real} "$@"\n')
-    fake.chmod(0o755)
+    fake = failing_git(tmp_path / "bin", '*" am "*', OUT_OF_DISK)
     monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
     tree = tmp_path / "sglang"
     res = invoke("apply", "--sglang-rev", "v0.5.23", "--tree", tree, as_json=False)
@@ -1923,17 +1925,11 @@ def test_an_abort_the_disk_stops_says_the_apply_is_still_stopped_and_how_to_undo
                                                                                   monkeypatch):
     """Helper 183: `apply --continue` or `--abort` on a still full disk: "git status ... failed: ... Out of diskspace",
     nothing said of the apply (still stopped, its journal kept). Now it says so with both; the undo works as printed."""
-    real = shutil.which("git")
-    fake = tmp_path / "bin" / "git"
-    fake.parent.mkdir()
-    full = ('#!/bin/sh\ncase " $* " in *" {} "*) echo "fatal: sha1 file \'.git/index.lock\' write error. Out of '
-            f'diskspace" >&2; exit 128;; esac\nexec {real} "$@"\n')
-    fake.write_text(full.format("am"))
-    fake.chmod(0o755)
     path = os.environ["PATH"]
+    fake = failing_git(tmp_path / "bin", '*" am "*', OUT_OF_DISK)
     monkeypatch.setenv("PATH", f"{fake.parent}:{path}")
     assert invoke(*apply_args(tree, series), as_json=False).code == 2
-    fake.write_text(full.format("status"))
+    failing_git(fake.parent, '*" status "*', OUT_OF_DISK)
     undo, resume = (f"c128patch apply --{verb} --tree {tree.resolve()}" for verb in ("abort", "continue"))
     for verb in ("--continue", "--abort"):
         res = invoke("apply", verb, "--tree", tree, as_json=False)

@@ -652,7 +652,9 @@ REVIEWED = {
                "git.cwd / objects.stdout.strip()",  # the same answer, read by refuse_damaged
                # a store the operator's repository borrows from (info/alternates), as git reads it: its pack indexes
                # only hashed (damaged_index), nothing written or run
-               "store / line"},
+               "store / line",
+               # git's own answer for the index it could not write, only named in the error (its free space read)
+               "self.cwd / self.out('rev-parse', '--git-path', 'index', check=False)"},
     # a program name looked up as Popen does (PATH or cwd), only stat'd, never written
     "procs.py": {"os.path.join(os.fsdecode(cwd), path)", "os.path.join(d, name)"},
     "upstream/source.py": {"cache_dir() / 'remotes' / (hashlib.sha256(url.encode()).hexdigest()[:16] + '.git')",

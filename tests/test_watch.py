@@ -11,7 +11,6 @@ import json
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -451,12 +450,9 @@ def test_a_full_disk_or_file_size_limit_at_the_base_is_no_outcome_not_failed(sgl
     """Helper 181: a full TMPDIR (or ``ulimit -f``) as watch checked the series out at its base: outcome `failed`
     (exit 6), "the series does not apply at its own base", a report of a finding about the series. The machine's
     failure: one line, exit 2, no report."""
-    real = shutil.which("git")
-    fake = tmp_path / "bin" / "git"
-    fake.parent.mkdir()
-    fake.write_text(f'#!/bin/sh\ncase " $* " in *" checkout --quiet -b "*) echo "{said}" >&2; exit 128;; esac\n'
-                    f'exec {real} "$@"\n')
-    fake.chmod(0o755)
+    from support import failing_git
+
+    fake = failing_git(tmp_path / "bin", '*" checkout --quiet -b "*', said)
     monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
     w = watch(tmp_path / "out", REPO_ROOT, "v0.5.23", "--repo", str(sglang_release_repo), "--no-run")
     (line,) = w.run.err.strip().splitlines()[-1:]
