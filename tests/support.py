@@ -105,12 +105,13 @@ OUT_OF_DISK = "fatal: sha1 file '.git/index.lock' write error. Out of diskspace"
 
 def failing_git(folder: Path, pattern: str, said: str) -> Path:
     """A ``git`` in ``folder`` (put ``folder`` first on PATH) that says ``said`` and exits 128 where its arguments
-    match the shell ``case`` pattern ``pattern`` (``*" am "*``), else runs the real git; called again, it rewrites
-    it."""
+    match the shell ``case`` pattern ``pattern`` (``*" am "*``), else runs the real git (never itself: ``folder`` may
+    be on PATH already when it is rewritten)."""
     folder.mkdir(exist_ok=True)
     fake = folder / "git"
-    fake.write_text(f'#!/bin/sh\ncase " $* " in {pattern}) echo "{said}" >&2; exit 128;; esac\n'
-                    f'exec {shutil.which("git")} "$@"\n')
+    real = shutil.which("git", path=os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep)
+                                                    if p and Path(p).resolve() != folder.resolve()))
+    fake.write_text(f'#!/bin/sh\ncase " $* " in {pattern}) echo "{said}" >&2; exit 128;; esac\nexec {real} "$@"\n')
     fake.chmod(0o755)
     return fake
 
