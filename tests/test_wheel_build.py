@@ -9,6 +9,7 @@ import json
 import re
 import subprocess
 import sys
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -128,7 +129,13 @@ def test_failed_build_is_reported(tmp_path: Path, source_repo: Path, series: Pat
 def test_a_failed_builds_log_outlives_the_next_run(tmp_path: Path, source_repo: Path, series: Path, monkeypatch):
     """The hint "full log: PATH" named a file inside the build's scratch folder (named by this run's pid): the next
     run of any c128patch command swept it as a dead run's, so the log the hint names was gone once the operator
-    looked (helper 176). The log is kept outside any scratch folder; a later run's sweep leaves it."""
+    looked (helper 176). The log is kept outside any scratch folder; a later run's sweep leaves it. The sweep below
+    sees every process as dead: it runs in a temporary folder of this test's own (on the shared one it removed a
+    live watch's folder of another worker: CI on a1958e4, test_copies)."""
+    own = tmp_path / "tmpdir"
+    own.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(own))
+
     def failing(cmd, env, cwd, log):
         log.write_text("compiling...\nerror: linker `cc` not found\n")
         return 101
@@ -145,8 +152,8 @@ def test_a_failed_builds_log_outlives_the_next_run(tmp_path: Path, source_repo: 
     monkeypatch.setattr(procs.os, "kill", gone)
     monkeypatch.setattr(procs.os, "getpid", lambda: 1)
     monkeypatch.setattr(procs, "_SWEPT", set())
-    for folder in {log.parent, log.parent.parent}:
-        procs.sweep_stale(folder, "c128patch-build-")
+    assert log.parent == own
+    procs.sweep_stale(own, "c128patch-build-")
     assert log.read_text().endswith("error: linker `cc` not found\n")
     log.unlink()
 
