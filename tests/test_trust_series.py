@@ -348,6 +348,29 @@ def test_lint_reads_a_layers_ledger_rows_through_the_rule(tmp_path, entry, file,
         assert res.code == 1 and any(says in f["message"] for f in res.out["findings"]), res.out
 
 
+@pytest.mark.parametrize("make", ["link", "fifo", "folder", "missing"])
+def test_lint_refuses_a_ledger_rows_diff_that_is_no_regular_file_in_one_line_never_opening_it(tmp_path, make):
+    """Helper 187: a row's `.diff` that was a link (to a file outside), a FIFO, a folder or missing passed `lint`
+    (exit 0, "0 error(s)"); `rebase` skipped that row's resolution. Now one line naming the row; a FIFO is only
+    stat'ed (a read would wait for a writer forever)."""
+    root = tmp_path / "s"
+    shutil.copytree(REPO_ROOT / "patches", root / "patches", symlinks=True)
+    for part in ("overlay", "csrc"):
+        shutil.copytree(REPO_ROOT / part, root / part, symlinks=True)
+    assert invoke("lint", "--offline", "--series", root).code == 0
+    row = Ledger(load_series(root)).rows()[0]
+    diff = root / "patches" / "resolutions" / row["entry"] / f"{row['key']}.diff"
+    outside = tmp_path / "outside.diff"
+    diff.rename(outside)
+    {"link": lambda: diff.symlink_to(outside), "fifo": lambda: os.mkfifo(diff), "folder": diff.mkdir,
+     "missing": lambda: None}[make]()
+    res = invoke("lint", "--offline", "--series", root)
+    says = {"link": "goes through the symlink", "fifo": "is a FIFO, not a regular file",
+            "folder": "is a folder, not a regular file", "missing": "is missing"}[make]
+    found = [f["message"] for f in res.out["findings"]]
+    assert res.code == 1 and any(f"{row['key']}.diff {says}" in m and "\n" not in m for m in found), res.out
+
+
 def test_a_symlinked_or_non_utf8_contract_lock_is_refused_in_one_line(tmp_path):
     from c128patch.series.contract import read_lock
 
@@ -1306,6 +1329,37 @@ def test_a_moved_tag_in_the_release_cache_is_refused_saying_how_to_rebuild(fake_
         ReleaseHistory().ensure()
 
 
+@pytest.mark.parametrize("fresh", [False, True], ids=["built", "record-lost"])
+def test_an_annotated_release_tag_at_its_commit_is_accepted_and_one_elsewhere_refused(fake_releases, tmp_path, fresh):
+    """Helper 187: an annotated tag at the release's own commit was refused as "a moved tag" (for-each-ref's
+    `%(tree)` is empty for a tag object). It is peeled once; one at another commit, a tag of a tag, one of a tree
+    or of a blob stay refused, each saying how to rebuild."""
+    from c128patch.upstream.releases import ReleaseHistory
+
+    root = ReleaseHistory().ensure()
+    git = ["git", "-c", "user.name=x", "-c", "user.email=x@x.invalid", "-c", "advice.nestedTag=false",
+           "--git-dir", str(root)]
+    out = lambda *a: subprocess.run([*git, *a], check=True, capture_output=True, text=True).stdout.strip()  # noqa: E731
+    commit = out("rev-parse", "v0.5.23^{commit}")
+    out("tag", "-f", "-a", "-m", "annotated", "v0.5.23", commit)
+    if fresh:
+        (root / "c128patch-trees").unlink()
+    assert ReleaseHistory().ensure() == root
+    blob = out("rev-parse", f"{commit}:python/sglang/__init__.py")
+    out("tag", "-f", "-a", "-m", "inner", "inner", commit)
+    for target, why in (("v0.5.22", "does not name the sources"),
+                        ("inner", r"does not name a commit \(it names a tag:"),
+                        (f"{commit}^{{tree}}", r"does not name a commit \(it names a tree:"),
+                        (blob, r"does not name a commit \(it names a blob:")):
+        out("tag", "-f", "-a", "-m", "x", "v0.5.23", target)
+        with pytest.raises(C128Error, match=f"tag v0.5.23 {why}") as exc:
+            ReleaseHistory().ensure()
+        assert f"rm -rf {root}" in exc.value.message
+    out("tag", "-f", "v0.5.23", f"{commit}^{{tree}}")  # a lightweight tag of a tree
+    with pytest.raises(C128Error, match="tag v0.5.23 does not name a commit"):
+        ReleaseHistory().ensure()
+
+
 def test_a_tag_moved_with_its_tree_record_is_refused_by_the_version_its_sources_say(fake_releases, tmp_path):
     """Helper 177: tag v0.5.23 moved to 0.5.22's commit and its line in `c128patch-trees` changed to match (the wheel
     and its sum untouched): the tag matched the record, and `check`/`apply --sglang-rev v0.5.23` built on 0.5.22's
@@ -1550,6 +1604,26 @@ def test_a_truncated_cached_wheel_and_a_corrupt_pack_are_one_line_naming_the_cac
     with pytest.raises(C128Error, match="the release cache .* is corrupt") as exc:
         ReleaseHistory().ensure()
     assert f"rm -rf {root}" in exc.value.message
+
+
+@pytest.mark.parametrize("make", ["truncated", "empty", "link", "fifo"])
+def test_check_says_a_cached_release_wheel_that_is_no_whole_zip_beside_its_wheel_verdict(tmp_path, monkeypatch, make):
+    """Helper 187: with the cached 0.5.23 wheel truncated, `check` said "wheel: applies" and nothing else while `wheel
+    --from-release 0.5.23` refused it. The verdict is the release's sources' (the wheel is never read), and a cached
+    wheel that is no whole zip (its directory's end, one read) is said beside it with the fix `wheel` prints."""
+    from c128patch.upstream.releases import ReleaseHistory
+
+    folder, wheel = fake_release_cache(monkeypatch, tmp_path)
+    ReleaseHistory().ensure()
+    notes = lambda: [r["note"] for r in invoke("check", "--sglang-rev", "v0.5.23").out["revs"]]  # noqa: E731
+    assert "cached wheel" not in notes()[0]  # whole: nothing said
+    good = wheel.read_bytes()
+    wheel.unlink()
+    {"truncated": lambda: wheel.write_bytes(good[:-30]), "empty": lambda: wheel.write_bytes(b""),
+     "link": lambda: wheel.symlink_to(tmp_path / "elsewhere.whl"), "fifo": lambda: os.mkfifo(wheel)}[make]()
+    note = notes()[0]
+    assert f"the cached wheel {wheel} " in note and f"(rm {wheel}; it is downloaded again)" in note, note
+    assert "\n" not in note
 
 
 @pytest.mark.parametrize("make", ["not-utf8", "link", "fifo", "huge"])

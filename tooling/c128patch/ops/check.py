@@ -23,7 +23,7 @@ from c128patch.series.layers import overlap_note
 from c128patch.series.manifest import Series, installed
 from c128patch.series.plan import Planned, base_distances, index_git, validate_files
 from c128patch.textsafe import shell_quote
-from c128patch.upstream.releases import release_version
+from c128patch.upstream.releases import damaged_cached_wheel, release_version
 from c128patch.upstream.source import Target, Upstream, open_upstream
 
 __all__ = ["EntryCheck", "RevCheck", "Verdict", "check_rev", "check_revs", "check_upstream", "index_git",
@@ -144,6 +144,12 @@ def check_rev(series: Series, git: Git, rev: str, commit: str, hints: dict[str, 
     predict(result)
     if not result.error:
         result.note = support_note(series, git, rev, commit)
+    if result.wheel is not None and (damaged := damaged_cached_wheel(release_version(rev) or "")):
+        # `wheel`'s verdict is the release's sources'; the cached file it would patch is said apart
+        path, why = damaged
+        result.note = "; ".join(filter(None, [result.note, f"the cached wheel {path} {why}: `wheel --from-release` "
+                                              f"refuses it until it is removed (rm {shell_quote(str(path))}; it is "
+                                              "downloaded again)"]))
     return result
 
 

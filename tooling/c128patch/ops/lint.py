@@ -164,8 +164,8 @@ def lint_stack(series: Series, upstream: Git | None = None) -> list[Finding]:
         found += [replace(f, entry=f"{layer.name}/{f.entry}") for f in lint_series(layer, upstream)]
     for part in (series.ours, *series.layers):
         # a symlinked, non-UTF-8 or malformed contract lock; the ledger's rows as rebase reads them (an entry or a
-        # file that leaves, a bad key: lint passed them, found only where a rebase used the row)
-        for read in (lambda: read_lock(part.patches_dir), lambda: Ledger(part).rows()):
+        # file that leaves, a bad key: lint passed them, found only where a rebase used the row), and their diffs
+        for read in (lambda: read_lock(part.patches_dir), lambda: Ledger(part).diffs()):
             try:
                 read()
             except C128Error as exc:

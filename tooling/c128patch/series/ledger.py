@@ -144,6 +144,14 @@ class Ledger:
         for part in (self.series.ours, *self.series.layers):
             Ledger(part).rows()
 
+    def diffs(self) -> list[Path]:
+        """Each row's diff, a regular file inside the ledger (``confine``, stat only: a FIFO is never opened); one
+        that is a link, a pipe, a folder or missing is one line for `lint` (it was silent; `rebase` refuses a link
+        where it uses the row, and skips any other)."""
+        return [confine(self.series.root, f"patches/resolutions/{row['entry']}/{row['key']}.diff",
+                        f"the ledger of {self.series.root} (resolution {row['entry']}:{row['key']})", regular=True)
+                for row in self.rows()]
+
     def has(self, entry: str) -> bool:
         """Does the ledger hold any resolution for ``entry``?"""
         ledger, local = self._of(entry)

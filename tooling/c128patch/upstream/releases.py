@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import calendar
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -291,6 +292,36 @@ def cached_wheel(wheel: Path) -> Path:
     if recorded is None:
         _record_sum(folder, wheel.name, have)
     return wheel
+
+
+def damaged_cached_wheel(version: str) -> tuple[Path, str] | None:
+    """The cache's canonical wheel of ``version`` (``HISTORY_TAGS``) and why it is no whole zip; None when it is one
+    or none is cached:
+    its end-of-central-directory record and the directory it points to must end the file. One open and one read of at
+    most 64 KiB (``check`` predicts ``wheel`` from the release's sources, never reading the wheel: a truncated one got
+    "wheel: applies" while ``wheel`` refused it); its bytes are checked where it is used (``cached_wheel``)."""
+    name = f"{PACKAGE}-{version}-{HISTORY_TAGS[0]}-{HISTORY_TAGS[0]}-{HISTORY_TAGS[1]}.whl"
+    path = cache_dir() / "wheels" / name
+    try:  # never through a link, nor a pipe or a device
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return path, "is a link" if exc.errno == errno.ELOOP else f"cannot be read ({exc.strerror})"
+    with open(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            return path, "is not a regular file"
+        f.seek(max(0, st.st_size - (22 + 0xFFFF)))
+        tail = f.read()
+    at = tail.rfind(b"PK\x05\x06")
+    end = st.st_size - len(tail) + at
+    if at < 0 or len(tail) - at < 22:
+        return path, "is not a whole zip (no end of its central directory: truncated?)"
+    size, offset = struct.unpack("<II", tail[at + 12:at + 20])
+    if 0xFFFFFFFF not in (size, offset) and offset + size != end:
+        return path, "is not a whole zip (its central directory is not where its end says)"
+    return None
 
 
 def check_release_content(wheel: Path, git: Git, commit: str, version: str) -> bool:
@@ -794,10 +825,14 @@ class ReleaseHistory:
             # damaged: git found some objects where they are not, the patches "did not apply"
             raise C128Error(f"the release cache {self.root} is corrupt ({bad} fails its checksum); "
                             f"{rebuild}")
-        proc = self.git.run("for-each-ref", "--format=%(refname) %(tree)", check=False)
+        # an annotated tag names its commit's tree under `*tree` (peeled once: a tag of a tag, or of a tree, names none)
+        proc = self.git.run("for-each-ref", "--format=%(refname) %(tree)%(*tree) %(objecttype)%(*objecttype)",
+                            check=False)
         if proc.returncode != 0:
             raise C128Error(f"the release cache {self.root} is corrupt ({proc.stderr.strip()[-200:]}); {rebuild}")
         refs = dict(line.split(" ", 1) for line in proc.stdout.splitlines() if " " in line)
+        kinds = {r: k.rpartition(" ")[2] for r, k in refs.items()}
+        refs = {r: k.rpartition(" ")[0] for r, k in refs.items()}
         # a ref the import never makes: `refs/v0.5.23` wins over the tag where git resolves `v0.5.23` (gitrevisions)
         for ref in (r for r in refs if not r.startswith(("refs/tags/", "refs/heads/", "refs/c128patch/"))):
             raise C128Error(f"the release cache {self.root} holds the ref {ref!r}, which no import makes (it shadows "
@@ -811,6 +846,10 @@ class ReleaseHistory:
             recorded[v] = wheel_tree(wheel) if wheel is not None else trees.get(tag_for(v), "")
         pinned = {} if os.environ.get("C128PATCH_WHEELHOUSE") else KNOWN_TREES
         for v in sorted(versions, key=Version):
+            if (kind := kinds.get(f"refs/tags/{tag_for(v)}", "commit")) not in ("commit", "tagcommit"):
+                raise C128Error(f"the release cache {self.root}: tag {tag_for(v)} does not name a commit (it names a "
+                                f"{kind.removeprefix('tag') or 'tag'}: a release is a commit or an annotated tag of "
+                                f"one); {rebuild}")
             if trees.get(tag_for(v)) != pinned.get(v, recorded[v]):
                 raise C128Error(f"the release cache {self.root}: tag {tag_for(v)} does not name the sources of the "
                                 f"sglang {v} release wheel (a moved tag); {rebuild}")
