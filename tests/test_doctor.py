@@ -527,6 +527,26 @@ def test_an_environ_py_that_exits_silently_or_hangs_is_an_error(patched_python: 
     assert level == "error" and said in message, message
 
 
+def test_a_hanging_environ_py_is_said_while_doctor_waits_with_its_bound(patched_python: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch):
+    """Helper 187: a looping installed `environ.py` held doctor 60 s (300 s for sglang's import) with nothing on
+    screen. Each bounded wait is a progress step naming its bound (off a terminal: a line every beat)."""
+    from c128patch import progress
+
+    monkeypatch.setattr(serving, "INSTALL_TIMEOUT", 3)
+    monkeypatch.setattr(progress, "BEAT", 0.5)
+    target = _installed(patched_python, "sglang") / "srt" / "environ.py"
+    original = target.read_bytes()
+    try:
+        target.write_text("while True:\n    pass\n")
+        res = invoke("doctor", "--python", str(patched_python), as_json=False)
+    finally:
+        target.write_bytes(original)
+    assert res.code == 1, res.err
+    assert "reading sglang's environ.py and startup rules in a child (at most 3 s): " in res.err, res.err
+    assert "did not finish in 3 s" in res.text, res.text
+
+
 def test_doctor_reports_the_series_startup_rules_line_for_line(patched_python: Path):
     import importlib.util
 

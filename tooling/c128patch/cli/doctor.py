@@ -30,7 +30,7 @@ def command(python: str, series_dir: Path | None, layer_dirs: tuple[Path, ...], 
     nvcc, apache-tvm-ffi and the GPU. The verdict comes first. Exit 1 when something would not do
     what the envs ask.
     """
-    from c128patch.progress import console
+    from c128patch.progress import console, reporter
     from c128patch.serve.doctor import diagnose
     from c128patch.textsafe import one_line
 
@@ -41,7 +41,8 @@ def command(python: str, series_dir: Path | None, layer_dirs: tuple[Path, ...], 
         if series_dir is not None:
             raise
         series, refused = None, exc.message  # doctor still reads the install; the env reference is missing
-    report = diagnose(python, list(launch_args), series)
+    with reporter(not as_json, title="doctor") as rep:  # (its probes wait up to 300 s: said while waiting)
+        report = diagnose(python, list(launch_args), series, rep)
     if refused:  # (said: a refused layer, a hostile journal in it too, was dropped with no word, "envs not read")
         report.add("error", "series", f"the series and its layers were not read, so the envs they declare are not "
                                       f"checked: {one_line(refused)}")

@@ -22,9 +22,11 @@ from packaging.version import InvalidVersion, Version
 
 from c128patch.errors import C128Error
 from c128patch.procs import dying_prefix
+from c128patch.progress import NullReporter, Reporter
 from c128patch.series.gates import Gate
 from c128patch.series.manifest import Series
 from c128patch.series.provenance import record_problem
+from c128patch.serve import serving as bounds
 from c128patch.serve.install import Dist, Interpreter, installer, probe
 from c128patch.serve.serving import ONLINE_C128_DSPARK_RULES, Serving, contained, probe_install, probe_serving
 from c128patch.smoke.device import nvidia_smi, probe_nvcc
@@ -81,7 +83,9 @@ class Report:
         return {"ok": self.ok, **asdict(self)}
 
 
-def diagnose(python: str, launch_args: Sequence[str], series: Series | None) -> Report:
+def diagnose(python: str, launch_args: Sequence[str], series: Series | None,
+             rep: Reporter = NullReporter()) -> Report:
+    """``rep`` is told each bounded wait on the install, with its bound (a looping `environ.py` was 60 s of silence)."""
     report = Report()
     interp = probe(python)
     report.python = {k: getattr(interp, k) for k in ("executable", "version", "tag", "platform")}
@@ -113,10 +117,12 @@ def diagnose(python: str, launch_args: Sequence[str], series: Series | None) -> 
                                           "folder shadows it)")
         else:
             report.add("ok", "sglang", f"sglang {sg.version} at {package} ({report.sglang['installer']})")
+        rep.step(f"importing sglang in {interp.executable} (at most {bounds.TIMEOUT:g} s)")
         sv = _serving(report, interp, launch_args)
         record = _build(report, sg, series)
         _record(report, sg)
         gates = series.gates if series is not None else []
+        rep.step(f"reading sglang's environ.py and startup rules in a child (at most {bounds.INSTALL_TIMEOUT:g} s)")
         got = probe_install(interp.executable, str(sg.site), [g.name for g in gates], launch_args)
         readings = _env(report, got.data, got.error, gates, record is not None)
         parsed = not launch_args or sv.args_checked
