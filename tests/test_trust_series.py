@@ -567,7 +567,8 @@ REVIEWED = {
                          "Path(top) / name",  # os.walk of a layer folder, only stat'd for its owner (_inside)
                          # git's own pointer of a linked work tree to its git dir, only stat'd (_sparse)
                          "folder / dot.read_text(errors='replace').strip().removeprefix('gitdir:').strip()"},
-    "upstream/releases.py": {"dest / wheel.name"},  # a file pip wrote into our own folder
+    "upstream/releases.py": {"dest / wheel.name",  # a file pip wrote into our own folder
+                             "cache_dir() / 'wheels' / name"},  # a release version (release_version) in a fixed name
     # helper 168: ops/ walked too (the journals', the tree's record's and a layer's readers)
     "ops/applier.py": {"self.tree / path"},  # a patch's path (check_relpath at parse), in its own symlink check
     "ops/audit.py": {"tree_root / rel"},  # a .py file a patch touches (check_relpath at parse), only read
@@ -2649,6 +2650,26 @@ def test_a_pack_of_the_release_cache_damaged_past_its_refs_is_one_line_saying_ho
     line = refused(["apply", "--sglang-rev", "v0.5.23", "--tree", tmp_path / "t"],
                    contains=f"the release cache {root} is damaged: rebuild it: rm -rf {root}")
     assert not (tmp_path / "t").exists(), line
+
+
+def test_check_on_a_release_cache_pack_damaged_past_its_refs_says_the_cache_and_how_to_rebuild(sglang_release_repo,
+                                                                                                tmp_path, monkeypatch):
+    """Helper 187: the same damage as above made `check` say only git's "git cat-file blob ... failed: error: inflate:
+    data stream error", naming neither the cache nor the fix (`apply` said both)."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    root = cache / sglang_release_repo.name
+    shutil.copytree(sglang_release_repo, root)
+    (cache / "wheels").symlink_to(sglang_release_repo.parent / "wheels")
+    for pack in (root / "objects" / "pack").glob("*.pack"):
+        pack.chmod(0o644)
+        with open(pack, "r+b") as f:  # (every 256 KiB past the first MiB: the blobs check reads are somewhere there)
+            for at in range(1 << 20, pack.stat().st_size - 4096, 1 << 18):
+                f.seek(at)
+                f.write(b"\xde\xad\xbe\xef" * 16)
+    monkeypatch.setenv("C128PATCH_CACHE", str(cache))
+    refused(["check", "--sglang-rev", "v0.5.23"],
+            contains=f"the release cache {root} is damaged: rebuild it: rm -rf {root}")
 
 
 def test_a_release_cache_whose_config_gives_it_a_work_tree_is_refused_saying_how_to_fix_it(sglang_release_repo,

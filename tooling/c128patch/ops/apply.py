@@ -3,13 +3,12 @@ proof, ``--abort`` (``Apply.abort``) and an apply in a tree the caller has (``Ap
 
 from __future__ import annotations
 
-import re
 import shutil
 from pathlib import Path
 
 from c128patch import procs
 from c128patch.errors import C128Error, ConflictError, Interrupted
-from c128patch.git import Git, damaged_index, damaged_repository, is_work_tree, refuse_git_dir
+from c128patch.git import Git, is_work_tree, refuse_git_dir
 from c128patch.ops.applier import (
     RESUME_NOTE,
     Apply,
@@ -25,17 +24,16 @@ from c128patch.series.layers import describe, layer_args
 from c128patch.series.manifest import Series, default_series_root
 from c128patch.series.plan import check_paths_at, plan
 from c128patch.series.provenance import PROVENANCE_PATH, committed, starts_stack
-from c128patch.textsafe import shell_join, shell_quote
+from c128patch.textsafe import shell_join
 from c128patch.upstream import DEFAULT_TREE
 from c128patch.upstream.source import (
     Target,
-    Upstream,
+    damage_note,
+    damaged_source,
     discard_fresh_tree,
     open_upstream,
     prepare_tree,
 )
-
-_DAMAGED = re.compile(r"inflate|corrupt|bad object|unable to read|invalid object|packed object|loose object")  # git's
 
 
 def apply_rev(series: Series, repo: str | None, rev: str, *, tree: Path | None = None, branch: str | None = None,
@@ -77,7 +75,7 @@ def apply_rev(series: Series, repo: str | None, rev: str, *, tree: Path | None =
     except Interrupted:
         raise
     except ConflictError as exc:  # the branch stays for inspection; the note says why it stops, first
-        if fresh and (damaged := _damaged(upstream, source)):  # (a clone shares the source's pack index)
+        if fresh and (damaged := damaged_source(upstream, source)):  # (a clone shares the source's pack index)
             removed = discard_fresh_tree(worktree, existed)
             raise C128Error(damaged + ("" if removed else f" (the new clone {worktree} could not be removed: remove "
                                                          "it by hand)")) from None
@@ -90,34 +88,11 @@ def apply_rev(series: Series, repo: str | None, rev: str, *, tree: Path | None =
             exc.message += f" (the new clone {worktree} was removed)" if discard_fresh_tree(worktree, existed) else \
                 f" (the new clone {worktree} could not be removed: remove it by hand)"
             exc.hint = None  # nothing is left to resume or undo
-            exc.message += _damage_note(upstream, source, exc.message)
+            exc.message += damage_note(upstream, source, exc.message)
         raise
     return result, older
 
 
-def _damage_note(upstream: Upstream, source: str, message: str) -> str:
-    """"; the release cache ... is damaged ..." where git's failure in a fresh clone of it says so, or a pack index of
-    ``source`` fails its checksum; else ""."""
-    if upstream.kind == "release" and _DAMAGED.search(message):  # (its objects are the cache's)
-        return (f"; the release cache {upstream.location} is damaged: rebuild it: rm -rf "
-                f"{shell_quote(upstream.location)} (the next run imports the releases again)")
-    damaged = _damaged(upstream, source)
-    return f"; {damaged}" if damaged else ""
-
-
-def _damaged(upstream: Upstream, source: str) -> str:
-    """Why an apply in a fresh clone of ``source`` failed, where a pack index of it fails its checksum (git found
-    some objects where they are not: a "conflict", a tree it could not read): checked only after a failure."""
-    bad = damaged_index(Path(source) / "objects")
-    if bad is None:
-        return ""
-    if upstream.kind == "path":
-        return damaged_repository(source, bad)
-    what, again = {"release": ("the release cache", f"rebuild it: rm -rf {shell_quote(source)} (the next run imports "
-                                                    "the releases again)"),
-                   "url": (f"the mirror of {upstream.location}:", f"rebuild it: rm -rf {shell_quote(source)} (the "
-                                                                  "next run mirrors it again)")}[upstream.kind]
-    return f"{what} {source} is damaged ({bad} fails its checksum), not the series: {again}"
 
 
 def continue_apply(git: Git, series: Series | None = None,

@@ -15,6 +15,7 @@ from typing import Sequence
 from packaging.version import Version
 
 from c128patch import exitcodes, procs
+from c128patch.errors import C128Error
 from c128patch.git import Git, ReadMemo
 from c128patch.ops.merged import upstream_hints
 from c128patch.ops.replay import FAILED, WS_MERGE, EntryCheck, RevCheck, Verdict, replay_in_index
@@ -24,7 +25,7 @@ from c128patch.series.manifest import Series, installed
 from c128patch.series.plan import Planned, base_distances, index_git, validate_files
 from c128patch.textsafe import shell_quote
 from c128patch.upstream.releases import damaged_cached_wheel, release_version
-from c128patch.upstream.source import Target, Upstream, open_upstream
+from c128patch.upstream.source import Target, Upstream, damage_note, open_upstream
 
 __all__ = ["EntryCheck", "RevCheck", "Verdict", "check_rev", "check_revs", "check_upstream", "index_git",
            "replay_in_index"]
@@ -169,7 +170,11 @@ def check_upstream(series: Series, repo: str | None, revs: Sequence[str],
     targets = [Target.of(upstream, rev) for rev in revs]
     reporter.step(f"checking {len(targets)} rev(s)")
     start = time.perf_counter()
-    results = check_revs(series, upstream.git, targets)
+    try:
+        results = check_revs(series, upstream.git, targets)
+    except C128Error as exc:  # git's "inflate: data stream error" named neither the cache nor the fix
+        exc.message += damage_note(upstream, str(upstream.git.git_dir or upstream.git.worktree), exc.message)
+        raise
     return upstream, results, time.perf_counter() - start
 
 

@@ -13,7 +13,15 @@ from pathlib import Path
 
 from c128patch import procs
 from c128patch.errors import C128Error
-from c128patch.git import Git, GitError, damaged_index, refuse_damaged, refuse_git_dir, work_tree_top
+from c128patch.git import (
+    Git,
+    GitError,
+    damaged_index,
+    damaged_repository,
+    refuse_damaged,
+    refuse_git_dir,
+    work_tree_top,
+)
 from c128patch.progress import NullReporter, Reporter, echo
 from c128patch.textsafe import shell_quote
 from c128patch.upstream import DEFAULT_TREE, is_url
@@ -235,3 +243,31 @@ def fetch_into(git: Git, source: str, commit: str, tags: bool = False) -> None:
         updates = shim.out("for-each-ref", "--format=update %(refname) %(objectname)", "refs/tags")
     if updates:
         git.run("update-ref", "--stdin", input=updates + "\n")
+
+
+_DAMAGED = re.compile(r"inflate|corrupt|bad object|unable to read|invalid object|packed object|loose object")  # git's
+
+
+def damage_note(upstream: Upstream, source: str, message: str) -> str:
+    """"; the release cache ... is damaged ..." where git's failure in a fresh clone of it says so, or a pack index of
+    ``source`` fails its checksum; else ""."""
+    if upstream.kind == "release" and _DAMAGED.search(message):  # (its objects are the cache's)
+        return (f"; the release cache {upstream.location} is damaged: rebuild it: rm -rf "
+                f"{shell_quote(upstream.location)} (the next run imports the releases again)")
+    why = damaged_source(upstream, source)
+    return f"; {why}" if why else ""
+
+
+def damaged_source(upstream: Upstream, source: str) -> str:
+    """Why an apply in a fresh clone of ``source`` failed, where a pack index of it fails its checksum (git found
+    some objects where they are not: a "conflict", a tree it could not read): checked only after a failure."""
+    bad = damaged_index(Path(source) / "objects")
+    if bad is None:
+        return ""
+    if upstream.kind == "path":
+        return damaged_repository(source, bad)
+    what, again = {"release": ("the release cache", f"rebuild it: rm -rf {shell_quote(source)} (the next run imports "
+                                                    "the releases again)"),
+                   "url": (f"the mirror of {upstream.location}:", f"rebuild it: rm -rf {shell_quote(source)} (the "
+                                                                  "next run mirrors it again)")}[upstream.kind]
+    return f"{what} {source} is damaged ({bad} fails its checksum), not the series: {again}"
