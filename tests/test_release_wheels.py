@@ -4,6 +4,7 @@ Real sglang 0.5.23 wheels (cp311 from the cache; cp312 downloaded once into it),
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -94,3 +95,25 @@ def test_an_absurd_tag_is_refused_in_one_line_before_any_download(option, value,
     assert res.code == 2 and len(res.err.splitlines()) == 1, res.err
     assert res.err.startswith(f"c128patch: error: {option} ") and "expected a" in res.err and len(res.err) < 200
     assert not (tmp_path / "dist").exists()
+
+
+def test_a_download_that_fails_for_a_listed_wheel_says_pips_failure_not_no_wheel(tmp_path: Path,
+                                                                                  monkeypatch: pytest.MonkeyPatch):
+    """Helper 187: a full disk under the cache made pip fail, and `wheel --from-release` said "sglang 0.5.22 has no
+    wheel for this interpreter", listing that very wheel, with "pick one with --python-tag" as the fix. A fitting
+    wheel the index lists that pip did not bring is pip's failure, said with pip's line."""
+    from c128patch.upstream import releases
+
+    monkeypatch.setenv("C128PATCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("C128PATCH_WHEELHOUSE", raising=False)
+    full = "OSError: [Errno 28] No space left on device"
+    monkeypatch.setattr(releases, "_pip_download_into", lambda *a: (False, full))
+    name = "sglang-0.5.22-cp312-cp312-manylinux_2_34_x86_64.whl"
+    monkeypatch.setattr(releases, "available", lambda version: ([name], "the wheelhouses and an index"))
+    said = rf"downloading {name} into the cache .* failed \(pip: {re.escape(full)}\)"
+    with pytest.raises(C128Error, match=said) as exc:
+        releases.release_wheel_for("0.5.22", WheelTarget("cp312", "manylinux_2_34_x86_64"))
+    assert "has no wheel" not in exc.value.message and "\n" not in exc.value.message
+    monkeypatch.setattr(releases, "available", lambda version: ([name.replace("x86_64", "aarch64")], "an index"))
+    with pytest.raises(C128Error, match="has no wheel for cp312 / manylinux_2_34_x86_64"):  # none fits: as before
+        releases.release_wheel_for("0.5.22", WheelTarget("cp312", "manylinux_2_34_x86_64"))

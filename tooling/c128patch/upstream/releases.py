@@ -1013,6 +1013,11 @@ def release_wheel_for(version: str, target: WheelTarget, reporter: Reporter = Nu
     names, note = available(version)
     if not names:
         raise C128Error(f"unknown release 'v{version}': no sglang {version} wheel in {note} ({last})")
+    if fits := [n for n in names if fit(Path(n), target) is not None]:  # listed, yet pip got none: its own failure
+        # (a full disk was "no wheel for this interpreter", the fitting wheel listed below that claim)
+        raise C128Error(f"downloading {fits[0]} into the cache {cache_dir() / 'wheels'} failed (pip: "
+                        f"{one_line(last)[-300:] or 'no wheel written'}); fix that and run again, or pass the wheel "
+                        "with --from-wheel FILE")
     raise C128Error(
         f"sglang {version} has no wheel for {target.describe()}: {len(names)} wheel(s) in {note}",
         hint="\n".join([*(f"  {n}" for n in names),
