@@ -2672,6 +2672,37 @@ def test_check_on_a_release_cache_pack_damaged_past_its_refs_says_the_cache_and_
             contains=f"the release cache {root} is damaged: rebuild it: rm -rf {root}")
 
 
+@pytest.mark.parametrize("verb", ["apply", "check"])
+def test_a_release_cache_missing_a_blob_is_the_cache_damaged_never_a_conflict(sglang_release_repo, tmp_path,
+                                                                              monkeypatch, verb):
+    """Helper 187: one blob of v0.5.23 missing from the cache's packs (its refs, commits and trees sound): git's
+    checkout exited 0 with the file left out, and `apply` said entry c128-plan-zero-rows "does not apply", the clone
+    left with a conflict; `check` said git's "bad file" alone. Both now say the cache is damaged and how to rebuild."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    root = cache / sglang_release_repo.name
+    shutil.copytree(sglang_release_repo, root)
+    (cache / "wheels").symlink_to(sglang_release_repo.parent / "wheels")
+    git = ["git", "--git-dir", str(root)]
+    blob = subprocess.run([*git, "rev-parse", "v0.5.23:python/sglang/srt/environ.py"], check=True,
+                          capture_output=True, text=True).stdout.strip()
+    objects = subprocess.run([*git, "rev-list", "--objects", "--all"], check=True, capture_output=True,
+                             text=True).stdout.splitlines()
+    keep = "".join(line.split(" ", 1)[0] + "\n" for line in objects if not line.startswith(blob))
+    old = list((root / "objects" / "pack").iterdir())
+    subprocess.run([*git, "pack-objects", "-q", str(root / "objects" / "pack" / "pack")], input=keep, check=True,
+                   capture_output=True, text=True)
+    for path in old:
+        path.unlink()
+    for loose in (root / "objects").glob("??/*"):
+        loose.unlink()
+    monkeypatch.setenv("C128PATCH_CACHE", str(cache))
+    args = ["apply", "--sglang-rev", "v0.5.23", "--tree", tmp_path / "t"] if verb == "apply" else \
+        ["check", "--sglang-rev", "v0.5.23"]
+    refused(args, contains=f"the release cache {root} is damaged: rebuild it: rm -rf {root}")
+    assert not (tmp_path / "t").exists()
+
+
 def test_a_release_cache_whose_config_gives_it_a_work_tree_is_refused_saying_how_to_fix_it(sglang_release_repo,
                                                                                           tmp_path, monkeypatch):
     """Helper 168: a release cache whose config says `core.bare = false` and `core.worktree = DIR` (a git dir with a

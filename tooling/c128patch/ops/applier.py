@@ -64,6 +64,9 @@ from c128patch.series.plan import ENTRY_TRAILER, Planned, check_paths_at, merged
 from c128patch.textsafe import shell_join, shell_quote
 from c128patch.upstream.source import Target, discard_fresh_tree, fetch_into
 
+# git checkout's line for a blob it could not read: it exits 0, the file missing (a damaged source: "does not apply")
+_UNREAD = re.compile(r"(?:unable to read sha1 file|invalid object) [^\n]{0,200}")
+
 PHASES = ("clone", "checkout", "entries", "provenance")
 RESUME_NOTE = " (fix that, then resume)"  # the machine failed mid-apply (a fresh clone's is removed: no resume)
 
@@ -364,8 +367,10 @@ class Apply:
             redo = journal.in_step  # cut short before: what is there is ours
             self._begin(journal, [])
             fault_point("at", "apply-checkout")  # C128PATCH_FAULT=kill-at:apply-checkout (ops.treestate)
-            git.run("checkout", "--quiet", *(["--force", "-B"] if redo else ["-b"]), journal.branch,
-                    journal.upstream_commit)
+            done = git.run("checkout", "--quiet", *(["--force", "-B"] if redo else ["-b"]), journal.branch,
+                           journal.upstream_commit)
+            if unread := _UNREAD.search(done.stderr):  # git exits 0 with a file it could not read left out
+                raise C128Error(f"git checkout of {journal.rev} could not read every file ({unread.group(0)})")
             head = journal.upstream_commit  # (the commit the checkout made HEAD)
             journal.phase, journal.in_step, journal.head_before = "entries", False, head
             journal.save(self.path)

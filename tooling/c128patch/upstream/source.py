@@ -245,7 +245,8 @@ def fetch_into(git: Git, source: str, commit: str, tags: bool = False) -> None:
         git.run("update-ref", "--stdin", input=updates + "\n")
 
 
-_DAMAGED = re.compile(r"inflate|corrupt|bad object|unable to read|invalid object|packed object|loose object")  # git's
+# git's words for objects it could not read ("bad file": cat-file's for a missing one)
+_DAMAGED = re.compile(r"inflate|corrupt|bad object|bad file|unable to read|invalid object|packed object|loose object")
 
 
 def damage_note(upstream: Upstream, source: str, message: str) -> str:
