@@ -1361,6 +1361,29 @@ def test_an_annotated_release_tag_at_its_commit_is_accepted_and_one_elsewhere_re
         ReleaseHistory().ensure()
 
 
+@pytest.mark.parametrize("name, make", [("HEAD", "fifo"), ("config", "fifo"), ("packed-refs", "fifo"),
+                                        ("refs/tags/v0.5.23", "fifo"), ("refs/tags/v0.5.23", "link"), ("refs", "link")])
+def test_a_fifo_or_link_among_the_release_caches_refs_and_config_is_one_line_never_a_hang(fake_releases, tmp_path,
+                                                                                         name, make):
+    """Helper 187: a FIFO at the cache's HEAD, config, packed-refs or a tag's ref made git wait forever in the cache's
+    first check (`check` hung with no word); a link there was followed out of the cache. Each is one line saying how
+    to rebuild, found by lstat and scandir alone."""
+    from c128patch.upstream.releases import ReleaseHistory
+
+    root = ReleaseHistory().ensure()
+    path = root / name
+    if name == "packed-refs" and not path.exists():
+        subprocess.run(["git", "--git-dir", str(root), "pack-refs", "--all"], check=True)
+    moved = path.rename(tmp_path / "moved")
+    os.mkfifo(path) if make == "fifo" else path.symlink_to(moved)
+    said = "a FIFO" if make == "fifo" else "a link"
+    with pytest.raises(C128Error, match=f"the release cache {re.escape(str(root))}: {name} is {said}, not a") as exc:
+        ReleaseHistory().ensure()
+    assert f"rm -rf {root}" in exc.value.message and "\n" not in exc.value.message
+    shutil.rmtree(root)  # the fix printed
+    assert ReleaseHistory().ensure() == root
+
+
 def test_a_tag_moved_with_its_tree_record_is_refused_by_the_version_its_sources_say(fake_releases, tmp_path):
     """Helper 177: tag v0.5.23 moved to 0.5.22's commit and its line in `c128patch-trees` changed to match (the wheel
     and its sum untouched): the tag matched the record, and `check`/`apply --sglang-rev v0.5.23` built on 0.5.22's
