@@ -2953,6 +2953,28 @@ def test_a_mirror_in_the_cache_that_is_a_link_or_a_file_is_one_line_and_nothing_
     assert (tmp_path / "victim" / "kept").is_file() and (mirror.is_symlink() or mirror.is_file())
 
 
+@pytest.mark.parametrize("name", ["HEAD", "config", "packed-refs"])
+def test_a_fifo_in_a_urls_mirror_in_the_cache_is_one_line_never_a_hang(tmp_path, monkeypatch, name):
+    """Helper 187: a FIFO at a `--repo URL` mirror's HEAD, config or packed-refs made git wait forever (`check --repo
+    URL` hung with no word), as at the release history's. One line naming the mirror, with an `rm -rf` that works."""
+    import hashlib
+
+    from c128patch.upstream.source import MIRROR_DONE
+
+    url = "file:///nonexistent/upstream.git"
+    monkeypatch.setenv("C128PATCH_CACHE", str(tmp_path / "cache"))
+    mirror = tmp_path / "cache" / "remotes" / (hashlib.sha256(url.encode()).hexdigest()[:16] + ".git")
+    mirror.parent.mkdir(parents=True)
+    subprocess.run(["git", "init", "-q", "--bare", str(mirror)], check=True)
+    (mirror / MIRROR_DONE).write_text(url + "\n")
+    (mirror / name).unlink(missing_ok=True)
+    os.mkfifo(mirror / name)
+    refused(["check", "--repo", url, "--sglang-rev", "v0.5.23"],
+            contains=f"the mirror {mirror} of {url} in the cache: {name} is a FIFO, not a regular file as git writes "
+                     f"it (git would wait on a FIFO there, or follow a link out of the cache); rebuild it: rm -rf "
+                     f"{mirror}")
+
+
 @pytest.mark.parametrize("name", ["my layer", "l\x1b[2J"], ids=["space", "escape"])
 def test_the_layer_new_a_missing_layer_prints_works_as_printed(tmp_path, monkeypatch, name):
     """helper 167: "no layer at my layer: ... (make one with c128patch layer new my layer --name NAME)": run as printed

@@ -832,6 +832,38 @@ def index_sound(idx: Path) -> bool:
     return (not whole or hashlib.sha1(data[:-20]).digest() == data[-20:]) and data[-40:-20] == tail
 
 
+def not_plain(git_dir: Path) -> str | None:
+    """What of a bare repository of the cache's git would read not as git writes it: "HEAD is a FIFO" (HEAD, config,
+    packed-refs and every ref regular files, ``refs`` a folder), else None. lstat and scandir only (~0.1 ms): git
+    waited forever on a FIFO there (`check` hung, no word), and followed a link out of the cache."""
+    from c128patch.errors import what_is
+
+    found: list[Path] = []
+    refs = git_dir / "refs"
+    for path, folder in ((git_dir / "HEAD", False), (git_dir / "config", False), (git_dir / "packed-refs", False),
+                         (refs, True)):
+        try:
+            if not (stat.S_ISDIR if folder else stat.S_ISREG)(os.lstat(path).st_mode):
+                found.append(path)
+        except FileNotFoundError:
+            continue
+    stack = [] if found else [refs]
+    while stack and not found:
+        try:
+            with os.scandir(stack.pop()) as entries:
+                for entry in entries:
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append(Path(entry.path))
+                    elif not entry.is_file(follow_symlinks=False):
+                        found.append(Path(entry.path))
+        except FileNotFoundError:
+            continue
+    if not found:
+        return None
+    what = "a link" if os.path.islink(found[0]) else what_is(found[0])
+    return f"{found[0].relative_to(git_dir)} is {what}, not a {'folder' if found[0] == refs else 'regular file'}"
+
+
 def damaged_index(objects: Path, root: Path | None = None) -> str | None:
     """The first pack index of the object store ``objects`` or of a store it borrows from (``info/alternates``, as
     git follows them: 5 deep) that fails its checksum (``index_sound``), else None: its path from ``root`` (default

@@ -38,8 +38,8 @@ from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Optional
 from packaging.version import InvalidVersion, Version
 
 from c128patch import jsonio, procs
-from c128patch.errors import C128Error, what_is
-from c128patch.git import Git, blob_id, damaged_index
+from c128patch.errors import C128Error
+from c128patch.git import Git, blob_id, damaged_index, not_plain
 from c128patch.jsonio import write_atomic
 from c128patch.progress import NullReporter, Reporter, transfer
 from c128patch.series.paths import check_relpath
@@ -812,31 +812,11 @@ class ReleaseHistory:
         return self.root
 
     def _plain_files(self) -> None:
-        """HEAD, config, packed-refs and every ref are regular files, ``refs`` a folder (lstat and scandir only): git
-        read a FIFO there and waited forever (`check` hung, no word), and followed a link out of the cache. A few
-        entries (~0.1 ms)."""
-        found: list[Path] = []
-        refs = self.root / "refs"
-        for path, folder in ((self.root / "HEAD", False), (self.root / "config", False),
-                             (self.root / "packed-refs", False), (refs, True)):
-            with contextlib.suppress(FileNotFoundError):
-                if not (stat.S_ISDIR if folder else stat.S_ISREG)(os.lstat(path).st_mode):
-                    found.append(path)
-        stack = [] if found else [refs]
-        while stack and not found:
-            with contextlib.suppress(FileNotFoundError), os.scandir(stack.pop()) as entries:
-                for entry in entries:
-                    if entry.is_dir(follow_symlinks=False):
-                        stack.append(Path(entry.path))
-                    elif not entry.is_file(follow_symlinks=False):
-                        found.append(Path(entry.path))
-        if found:
-            bad = found[0]
-            what = "a link" if os.path.islink(bad) else what_is(bad)
-            raise C128Error(f"the release cache {self.root}: {bad.relative_to(self.root)} is {what}, not a "
-                            f"{'folder' if bad == refs else 'regular file'} as git writes it (git would wait "
-                            f"on a FIFO there, or follow a link out of the cache); rebuild it: rm -rf "
-                            f"{shell_quote(str(self.root))} (the next run imports the releases again)")
+        """``git.not_plain`` before any git call on the history: a FIFO at its HEAD made git wait forever."""
+        if why := not_plain(self.root):
+            raise C128Error(f"the release cache {self.root}: {why} as git writes it (git would wait on a FIFO there, "
+                            f"or follow a link out of the cache); rebuild it: rm -rf {shell_quote(str(self.root))} "
+                            "(the next run imports the releases again)")
 
     def _check(self, versions: set[str], fresh: set[str]) -> None:
         """Refuse (saying how to rebuild) a corrupt pack or a tag not naming its release wheel's sources."""

@@ -18,6 +18,7 @@ from c128patch.git import (
     GitError,
     damaged_index,
     damaged_repository,
+    not_plain,
     refuse_damaged,
     refuse_git_dir,
     work_tree_top,
@@ -166,6 +167,10 @@ def _open_url(url: str, reporter: Reporter) -> Upstream:
                 os.replace(part, mirror)
             finally:
                 shutil.rmtree(part, ignore_errors=True)
+        if why := not_plain(mirror):  # (as the release cache: a FIFO at its HEAD made git wait forever)
+            raise C128Error(f"the mirror {mirror} of {url} in the cache: {why} as git writes it (git would wait on a "
+                            f"FIFO there, or follow a link out of the cache); rebuild it: rm -rf "
+                            f"{shell_quote(str(mirror))} (the next run clones it again)")
         if bad := damaged_index(mirror / "objects"):  # (~1 ms; as the release cache: git's "Could not read" named
             raise C128Error(f"the mirror {mirror} of {url} in the cache is corrupt ({bad} fails its "  # no
                             f"checksum); rebuild it: rm -rf {shell_quote(str(mirror))} (the next run clones it again)")
