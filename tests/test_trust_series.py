@@ -1734,6 +1734,27 @@ def test_one_printed_chmod_makes_a_cache_everyone_may_write_usable(fake_releases
     assert run.code == 1 and "the cache folder" not in run.err, run.err
 
 
+def test_a_cached_nvcc_verdict_another_user_may_change_is_not_taken(tmp_path, monkeypatch):
+    """Helper 187: `contract`'s cached nvcc verdicts (`contract-probe/<key>.json`) were taken from a folder and files
+    another user owned: a forged "compiles" stood in for the compile. The folder is one of the cache's checked ones;
+    a verdict file others may write is compiled again (its verdict rewritten)."""
+    from c128patch.fit.contract_cxx import _COMPILES, _FAILS, _cached_verdict
+
+    monkeypatch.setenv("C128PATCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("C128PATCH_WHEELHOUSE", raising=False)
+    folder = tmp_path / "cache" / "contract-probe"
+    folder.mkdir(parents=True)
+    path = folder / "k.json"
+    for ok, line in ((True, _COMPILES), (False, _FAILS + "x")):
+        path.write_text(json.dumps({"key": "k", "ok": ok, "line": line}))
+        path.chmod(0o644)
+        assert _cached_verdict(path, "k") == (ok, line + " (cached)")
+        path.chmod(0o666)
+        assert _cached_verdict(path, "k") is None
+    folder.chmod(0o777)
+    refused(["check", "--sglang-rev", "v0.5.23"], contains=f"the cache folder {folder} is writable by every user")
+
+
 def test_what_of_the_cache_decides_the_tree_or_the_wheel_others_may_write_is_refused_in_one_line(fake_releases,
                                                                                                 tmp_path):
     """Helper 148: only the cache folder, its wheels/ and its history's folder were checked: a world-writable

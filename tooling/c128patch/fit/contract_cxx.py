@@ -26,7 +26,7 @@ from c128patch.jsonio import read_json, write_json_atomic
 from c128patch.series.manifest import read_series_file
 from c128patch.series.paths import confine
 from c128patch.textsafe import shell_join
-from c128patch.upstream.releases import cache_dir
+from c128patch.upstream.releases import _changeable, cache_dir
 
 INCLUDE_ROOT = "python/sglang/kernels/jit/include"
 UPSTREAM_PREFIX = "sgl_kernel/"
@@ -256,6 +256,21 @@ def tvm_ffi_pin(series_root: Path, git: Git, head: str) -> str:
     return pins[0] if pins else TVM_FFI
 
 
+def _cached_verdict(path: Path, key: str) -> tuple[bool, str] | None:
+    """Input: only an entry of this key whose line says its verdict counts, in a file no other user may change (one
+    another user owned was taken: a forged "compiles" in place of the compile, helper 187)."""
+    try:
+        theirs = bool(_changeable(os.lstat(path)))
+    except OSError:
+        theirs = False
+    entry = {} if theirs else read_json(path, dict) or {}
+    ok, line = entry.get("ok"), entry.get("line")
+    if entry.get("key") == key and isinstance(ok, bool) and isinstance(line, str) and (
+            line == _COMPILES if ok else line.startswith(_FAILS)):
+        return ok, line + " (cached)"
+    return None
+
+
 def probe(series_root: Path, git: Git, head: str, *, cached: bool = True) -> tuple[bool | None, str]:
     """Compile the series' signature probe against ``head``'s headers: (ok, one line); ``ok`` None: not checked (no
     nvcc, no tvm-ffi, no probe in the series). A verdict is cached by the headers' tree id, the probe and nvcc."""
@@ -279,11 +294,8 @@ def probe(series_root: Path, git: Git, head: str, *, cached: bool = True) -> tup
         key = hashlib.sha256("\0".join([headers, text, compiler, version, SEALED]).encode()
                              ).hexdigest()[:24]
         path = cache_dir() / "contract-probe" / f"{key}.json"
-        entry = read_json(path, dict) or {}  # input: only an entry of this key whose line says its verdict counts
-        ok, line = entry.get("ok"), entry.get("line")
-        if entry.get("key") == key and isinstance(ok, bool) and isinstance(line, str) and (
-                line == _COMPILES if ok else line.startswith(_FAILS)):
-            return ok, line + " (cached)"
+        if (verdict := _cached_verdict(path, key)) is not None:
+            return verdict
     try:
         import tvm_ffi.libinfo as info  # apache-tvm-ffi, as sglang pins it
     except ImportError:

@@ -82,8 +82,10 @@ def cache_dir() -> Path:
         raise C128Error(f"cannot find a cache folder ({exc}); set C128PATCH_CACHE to a writable folder") from None
     ensure_folder(root)
     history = root / "sglang-releases.git"  # (and what of it decides which tree a tag names: its refs, its objects)
-    _owned([root, root / "wheels", history, history / "refs", history / "refs" / "tags", history / "packed-refs",
-            history / "objects", history / "objects" / "pack", history / "objects" / "info", history / "config"])
+    # (contract-probe: cached nvcc verdicts, taken in place of a compile)
+    _owned([root, root / "wheels", root / "contract-probe", history, history / "refs", history / "refs" / "tags",
+            history / "packed-refs", history / "objects", history / "objects" / "pack", history / "objects" / "info",
+            history / "config"])
     return root
 
 
