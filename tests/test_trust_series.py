@@ -1919,6 +1919,36 @@ def test_check_on_a_server_that_never_answers_ends_in_time(tmp_path):
     assert time.monotonic() - start < 60
 
 
+def test_an_http_clone_that_receives_nothing_ends_at_the_stall_bound_not_the_whole_limit(tmp_path, monkeypatch):
+    """Helper 186 (b): a server that accepts and never answers held ``check --repo URL`` the whole 600 s
+    (C128PATCH_NET_TIMEOUT) in silence. An http(s) transfer that receives nothing for ``STALL`` s ends then, in one
+    line saying so; the operator's GIT_HTTP_LOW_SPEED_TIME still decides (then the whole limit)."""
+    from c128patch.upstream import source
+
+    monkeypatch.setattr(source, "STALL", 2)
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)  # accepts, never answers
+    url = f"http://127.0.0.1:{server.getsockname()[1]}/sglang.git"
+    start = time.monotonic()
+    try:
+        res = invoke("check", "--repo", url, "--sglang-rev", "main", as_json=False,
+                     env={"C128PATCH_NET_TIMEOUT": "60", "C128PATCH_CACHE": str(tmp_path / "cache")})
+        assert time.monotonic() - start < 30
+        assert res.code == 2 and res.err.strip() == (f"c128patch: error: cannot clone {url}: the server sent nothing "
+                                                     "for 2 s (a stalled transfer; GIT_HTTP_LOW_SPEED_TIME=SECONDS "
+                                                     "waits longer)"), res.err
+        monkeypatch.setenv("C128PATCH_NET_TIMEOUT", "60")
+        assert source.net_limits(url) == (60, 2) and source.net_limits("git://h/r") == (60, None)
+        monkeypatch.delenv("C128PATCH_NET_TIMEOUT")
+        res = invoke("check", "--repo", url, "--sglang-rev", "main", as_json=False,
+                     env={"C128PATCH_NET_TIMEOUT": "4", "GIT_HTTP_LOW_SPEED_TIME": "600",
+                          "C128PATCH_CACHE": str(tmp_path / "cache")})
+        assert res.code == 2 and "no answer within 4 s" in res.err, res.err
+    finally:
+        server.close()
+
+
 def _trickle(server: socket.socket) -> None:
     """An HTTP server that answers one byte at a time, never finishing."""
     with contextlib.suppress(OSError):

@@ -35,6 +35,11 @@ from c128patch.upstream.releases import (
 )
 
 NET_TIMEOUT_ENV = "C128PATCH_NET_TIMEOUT"  # seconds a clone or fetch of --repo URL may take (default 600)
+# seconds an http(s) clone or fetch may receive nothing (under 1 byte/s: git's http.lowSpeedTime) before it is given
+# up; a live server sends data or keepalives; the operator's GIT_HTTP_LOW_SPEED_LIMIT/_TIME win
+STALL = 120
+_LOW_SPEED = ("GIT_HTTP_LOW_SPEED_LIMIT", "GIT_HTTP_LOW_SPEED_TIME")
+
 def shown(rev: str) -> str:
     """``rev`` for a message: an absurdly long one is cut."""
     return rev if len(rev) <= 80 else f"{rev[:40]}... ({len(rev)} characters)"
@@ -158,7 +163,9 @@ def _open_url(url: str, reporter: Reporter) -> Upstream:
                  "again")
             shutil.rmtree(mirror)
         if not mirror.exists():
-            reporter.step(f"cloning {url} (once, into {mirror})")
+            limit, stall = net_limits()
+            bounds = f"{limit:g} s in all" if stall is None else f"{stall} s with nothing received, {limit:g} s in all"
+            reporter.step(f"cloning {url} (once, into {mirror}; waiting for the server up to {bounds})")
             mirror.parent.mkdir(parents=True, exist_ok=True)
             part = mirror.with_name(f"{mirror.name}.part-{os.getpid()}")
             try:
@@ -177,8 +184,9 @@ def _open_url(url: str, reporter: Reporter) -> Upstream:
     return Upstream("url", Git(git_dir=mirror), url)
 
 
-def _network(git: Git, url: str, *args: str, check: bool = True) -> None:
-    """A clone or fetch of ``url``, bounded in time (``$C128PATCH_NET_TIMEOUT``, default 600 s); says what failed."""
+def net_limits(url: str = "") -> tuple[float, int | None]:
+    """(seconds a clone or fetch may take, seconds an http(s) one may receive nothing, None where that is not
+    bounded: another protocol, or the operator's GIT_HTTP_LOW_SPEED_* say)."""
     try:
         limit = float(os.environ.get(NET_TIMEOUT_ENV) or 600)
     except ValueError:
@@ -186,9 +194,22 @@ def _network(git: Git, url: str, *args: str, check: bool = True) -> None:
     if not 0 < limit <= 86_400:  # (nan, inf and 1e400 too: subprocess would raise on them)
         raise C128Error(f"{NET_TIMEOUT_ENV}={os.environ[NET_TIMEOUT_ENV]!r} is not a number of seconds more than 0 "
                         "and at most 86400 (a day)") from None
+    web = not url or url.lower().startswith(("http://", "https://"))
+    stall = min(STALL, max(1, int(limit)))
+    return limit, stall if web and stall < limit and not any(os.environ.get(v) for v in _LOW_SPEED) else None
+
+
+def _network(git: Git, url: str, *args: str, check: bool = True) -> None:
+    """A clone or fetch of ``url``, bounded in time (``$C128PATCH_NET_TIMEOUT``, default 600 s; an http(s) one that
+    receives nothing for ``STALL`` s ends sooner); says what failed."""
+    limit, stall = net_limits(url)
+    env = {"GIT_HTTP_LOW_SPEED_LIMIT": "1", "GIT_HTTP_LOW_SPEED_TIME": str(stall)} if stall is not None else None
     try:
-        git.run(*args, check=check, transport=True, timeout=limit)
+        git.run(*args, check=check, transport=True, timeout=limit, env=env)
     except GitError as exc:
+        if stall is not None and "Operation too slow" in exc.message:
+            raise C128Error(f"cannot {args[0]} {url}: the server sent nothing for {stall} s (a stalled transfer; "
+                            f"GIT_HTTP_LOW_SPEED_TIME=SECONDS waits longer)") from None
         raise C128Error(f"cannot {args[0]} {url}: {exc.message}") from exc
     except subprocess.TimeoutExpired:
         raise C128Error(f"cannot {args[0]} {url}: no answer within {limit:g} s (a server that does not answer; "
