@@ -428,6 +428,20 @@ def test_the_preload_runs_nothing_of_the_trees_through_a_namespace_package_alrea
     assert proc.stdout.split() == ["False", "False"] and not (tmp_path / "ran").exists(), proc.stderr[-2000:]
 
 
+def test_the_runner_leaves_none_of_its_files_in_its_temporary_folder(tmp_path):
+    """Helper 186 (c): ``tier-on-*``, ``tier-off-*`` and ``tier-compiled-*`` were seen in the host's /tmp. The
+    runner made them in its TMPDIR and left them to the box's folder's removal: run anywhere else (a test, a host
+    TMPDIR) they stayed. It removes its own now (torch here or not: with none it forks no gate state)."""
+    tree, tmp = tree_with(tmp_path / "tree", "X = 1\n"), tmp_path / "tmp"
+    tmp.mkdir()
+    args = [str(tree / "python"), "[]", "[]", "{}", "{}", "{}", "", "sglang.probe"]
+    proc = subprocess.run([sys.executable, "-I", "-c", treecheck.RUNNER.read_text(), *args], capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "TMPDIR": str(tmp)}, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout.splitlines()[-1])["tiers"] is not None
+    assert list(tmp.iterdir()) == []
+
+
 def test_a_stand_in_imports_but_raises_on_use(tmp_path):
     pytest.importorskip("torch", reason="the tier imports modules only where torch imports")
     ok = tree_with(tmp_path / "ok", "import flashinfer\nfrom cutlass import cute\nfrom sgl_kernel.x import y\n")

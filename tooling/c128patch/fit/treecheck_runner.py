@@ -31,6 +31,7 @@ import os
 import re
 import runpy
 import select
+import shutil
 import sys
 import tempfile
 import traceback
@@ -40,7 +41,7 @@ TREE = sys.argv[1]  # run as `python -I -c SOURCE TREE ...`: no folder of ours o
 STAND_INS: dict = json.loads(sys.argv[4])
 DEFINES: dict = json.loads(sys.argv[5])
 PRELOAD: dict = json.loads(sys.argv[6])
-COMPILED = tempfile.mkdtemp(prefix="tier-compiled-")  # in the box's own folder (its TMPDIR)
+COMPILED = ""  # made by main() in the box's own folder (its TMPDIR), removed at its end as the tier files are
 LOADED_BY: dict = {}  # a preloaded module -> the stand-ins and packages without ops its import loaded
 WITHOUT_OPS: set = set()  # the names of DEFINES whose ops this run defined
 partial: dict = {}
@@ -323,14 +324,25 @@ def main() -> None:
     sys.meta_path.insert(0, _Finder())
     sys.meta_path.append(_StandIns())
     states = ("off", "on") if out["torch"] else ()
-    children = [(state, *_fork(state, gates, probes, scenarios, modules)) for state in states]
-    for state, pid, path in children:
-        os.waitpid(pid, 0)
-        try:
-            with open(path, "rb") as f:
-                out["tiers"][state] = json.loads(f.read())
-        except ValueError:
-            out["tiers"][state] = {"error": f"the gates-{state} child died without a result"}
+    global COMPILED
+    COMPILED = tempfile.mkdtemp(prefix="tier-compiled-")
+    children = []
+    try:  # (run outside a box, with the host's TMPDIR, it had left them there)
+        children += [(state, *_fork(state, gates, probes, scenarios, modules)) for state in states]
+        for state, pid, path in children:
+            os.waitpid(pid, 0)
+            try:
+                with open(path, "rb") as f:
+                    out["tiers"][state] = json.loads(f.read())
+            except ValueError:
+                out["tiers"][state] = {"error": f"the gates-{state} child died without a result"}
+    finally:
+        for _state, _pid, path in children:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        shutil.rmtree(COMPILED, ignore_errors=True)
     print(json.dumps(out))
 
 
