@@ -553,6 +553,18 @@ def test_python_is_taken_from_the_current_folder_and_refused_inside_the_tree(tmp
     assert run.code == 2 and "--python ./pyx lies inside the target tree" in run.err
 
 
+def test_a_standing_tier_python_inside_the_tree_is_refused_naming_the_variable(tmp_path, monkeypatch):
+    """Helper 186: ``C128PATCH_TIER_PYTHON=./pyx`` (the operator's standing --python) inside the tree is refused, but
+    the line said "--python ./pyx lies inside", an option the operator never gave; it names the variable now."""
+    tree = trapped_tree(tmp_path, tmp_path / "ran.txt")
+    (tree / "pyx").symlink_to(os.path.realpath(bare_python(tmp_path)))
+    monkeypatch.chdir(tree)
+    monkeypatch.setenv("C128PATCH_TIER_PYTHON", "./pyx")
+    pending = treecheck.Pending(load_series(REPO_ROOT), tree, [TRAP])
+    assert pending.box is None and "C128PATCH_TIER_PYTHON=./pyx lies inside the target tree" in pending.why, pending.why
+    assert "--python" not in pending.why and not (tmp_path / "ran.txt").exists()
+
+
 @pytest.mark.parametrize("verb", ["watch", "bisect"])
 @pytest.mark.parametrize("how", ["path", "file-url"])
 def test_a_python_inside_the_local_repo_watch_or_bisect_is_given_is_refused(tmp_path, monkeypatch, verb, how):

@@ -207,17 +207,18 @@ def isolation() -> str:
     return "; ".join(said)
 
 
-def interpreter(python: str, tree: Path | None = None) -> str:
-    """``--python``: a path from the current folder, a bare name on PATH; never a program inside ``tree``."""
+def interpreter(python: str, tree: Path | None = None, given: str = "--python ") -> str:
+    """``--python``: a path from the current folder, a bare name on PATH; never a program inside ``tree``
+    (``given``: how the operator named it, for the message: ``C128PATCH_TIER_PYTHON=``)."""
     found = os.path.abspath(python) if "/" in python else shutil.which(python)
     if not found or not os.path.isfile(found) or not os.access(found, os.X_OK):
-        raise C128Error(f"--python {python}: no such interpreter (a path is taken from {Path.cwd()}, a name from PATH)")
+        raise C128Error(f"{given}{python}: no such interpreter (a path is taken from {Path.cwd()}, a name from PATH)")
     if tree is not None and any(Path(p).is_relative_to(t) for p in (found, os.path.realpath(found))
                                 for t in (os.path.abspath(tree), os.path.realpath(tree))):
-        raise C128Error(f"--python {python} lies inside the target tree {tree}: it would run the tree's own program; "
+        raise C128Error(f"{given}{python} lies inside the target tree {tree}: it would run the tree's own program; "
                         "pass an interpreter outside it")
     if tree is not None and _linked_into(os.path.realpath(found), Path(tree)):
-        raise C128Error(f"--python {python} is a hard link to a file of the target tree {tree}: it would run the "
+        raise C128Error(f"{given}{python} is a hard link to a file of the target tree {tree}: it would run the "
                         "tree's own program; pass an interpreter outside it")
     return found
 

@@ -158,9 +158,10 @@ class Pending:
         self.why, self.env = TreecheckResult.why, {}
         if not run_code:
             return
+        given = "--python " if python else "C128PATCH_TIER_PYTHON="  # (a message names what the operator set)
         python = python or os.environ.get("C128PATCH_TIER_PYTHON")  # the operator's standing --python
         try:
-            python, self.env = (interpreter(python, tree), {}) if python else \
+            python, self.env = (interpreter(python, tree, given), {}) if python else \
                 env_ops.tier_python(series, tree, reporter)
         except C128Error as exc:
             self.why = f"the target's code was not run: no environment for it ({exc.message})"
