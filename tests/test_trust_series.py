@@ -2521,6 +2521,27 @@ def test_a_link_at_the_temporary_name_of_a_write_is_never_written_through(tmp_pa
     assert not manifest.is_symlink() and sha in manifest.read_text()
 
 
+@pytest.mark.parametrize("dangling", [False, True])
+def test_layer_add_entry_never_writes_through_a_link_at_the_new_patchs_name(tmp_path, applied_t, dangling):
+    """Helper 185: a layer holding a link at the name its next patch gets (``0001-<subject>.patch``): add-entry's trial
+    copy kept the link and wrote the patch through it into the file it names outside the layer, then refused with
+    "nothing was written". It is refused naming the link before any copy; the victim is untouched (or not made)."""
+    tree = applied_t
+    layer = tmp_path / "L"
+    assert invoke("layer", "new", layer, "--name", "site", as_json=False).code == 0
+    (tree / "python" / "sglang" / "version.py").open("a").write("# site\n")
+    Git(worktree=tree).run("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "site fix")
+    victim = tmp_path / "victim.txt"
+    if not dangling:
+        victim.write_text("precious\n")
+    (layer / "patches" / "0001-site-fix.patch").symlink_to(victim)
+    line = refused(["layer", "add-entry", "--layer", layer, "--from-commit", "HEAD", "--why", "w", "--tree", tree],
+                   tree, contains="patches/0001-site-fix.patch is a link (to ")
+    assert "nothing was written" in line
+    assert (victim.read_text() == "precious\n") if not dangling else not victim.exists()
+    assert "[[entries]]" not in (layer / "patches" / "series.toml").read_text()
+
+
 def test_a_huge_patch_file_is_refused_in_one_line_unread(tmp_path):
     """Helper 107's minor 32: a 20 GB sparse patch file in a layer was read whole (a MemoryError traceback). Every
     file a series carries is checked against ``manifest.MAX_SERIES_FILE`` by its size before it is read."""

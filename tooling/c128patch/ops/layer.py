@@ -84,9 +84,12 @@ def _refuse_unsound(layer: Series, updated: Series, name: str, files: dict[str, 
     """Lint the layer as ``updated`` in a scratch copy: an error about the new entry's patch file (what the commit
     changes) refuses it before anything is written (it was written, then reported, with no way back but editing the
     manifest; helper 101); then ``replay`` (``_refuse_unreplayable``) that copy."""
-    for rel in files:  # (a folder or FIFO at the new patch's name: IsADirectoryError's traceback in the trial copy)
-        if os.path.lexists(layer.root / rel) and not (layer.root / rel).is_file():
-            raise C128Error(f"cannot add commit {sha[:12]} to layer {layer.name}: {rel} {not_a_file(layer.root / rel)} "
+    for rel in files:  # (a folder or FIFO at the new patch's name: IsADirectoryError's traceback in the trial copy;
+        # a link to a file: the trial copy wrote through it, outside the layer, helper 185)
+        at = layer.root / rel
+        if at.is_symlink() or (os.path.lexists(at) and not at.is_file()):
+            what = f"is a link (to {os.readlink(at)})" if at.is_symlink() else not_a_file(at)
+            raise C128Error(f"cannot add commit {sha[:12]} to layer {layer.name}: {rel} {what} "
                             f"in {layer.root} (the new entry's patch goes there: move it away); nothing was written")
     with procs.scratch("c128layer-") as tmp:
         trial = Path(tmp) / "layer"
