@@ -162,6 +162,21 @@ def test_watch_is_broken_by_the_copy_and_bisect_finds_the_commit(remote, tmp_pat
     assert found["failing"][0] == said
 
 
+def test_bisect_prints_a_copys_file_name_holding_a_newline_on_its_own_line(remote, tmp_path):
+    """Helper 185: upstream names its copy of the worker with a line break in the file name: bisect's "first bad
+    commit" block printed each finding through ``say`` as it was, so the name's second part ("## forged...") was a
+    line of its own on the terminal (watch's report showed it as ⏎). Each finding is one line."""
+    base = remote.rev_parse("v0.5.23")
+    evil = FAST.replace("_fast.py", "_x\nforged: the series fits\n.py")
+    wu.set_branch(remote, "copied-nl", _commit(remote, base, "dspark: a copy with a newline in its name", {
+        evil: remote.blob(base, WORKER).decode().replace("class DSparkWorkerV2(", "class DSparkNlWorker(")}))
+    run = invoke("bisect", "--onto", "copied-nl", "--repo", str(remote.git_dir), "--series", str(REPO_ROOT),
+                 as_json=False)
+    assert run.code == 0, run.err
+    assert not any(x.startswith("forged") for x in run.text.splitlines()), run.text
+    assert "_x ⏎ forged: the series fits ⏎ .py" in run.text, run.text
+
+
 def _probe_rejecting_the_marker(root: Path, git: Git, head: str, **kw) -> tuple[bool | None, str]:
     """nvcc as it would answer a header upstream broke: fails where math.cuh holds the marker."""
     broken = b"PROBE_REJECTS" in (git.blob(head, HEADER) or b"")

@@ -38,5 +38,7 @@ def command(onto: str, repo: str | None, timeout: float, behaviour: bool, python
         report = bisect(series, repo, onto, timeout=timeout, behaviour=behaviour, python=python, reporter=rep)
     if as_json:
         return run.emit(report, series)
+    from c128patch.textsafe import one_line
+
     found = [f"first bad commit: {report['commit']} {report['subject']}", *(f"  {f}" for f in report["failing"])]
-    say(*(found if report["found"] else []), report["summary"])
+    say(*map(one_line, [*(found if report["found"] else []), report["summary"]]))  # upstream's file names: data
