@@ -158,6 +158,21 @@ def test_layer_new_inside_gits_own_folder_is_refused_before_anything_is_written(
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
 
 
+@pytest.mark.parametrize("link", ["patches", "patches/series.toml"])
+def test_layer_new_never_writes_through_a_link_in_its_folder(tmp_path, link):
+    """Helper 185: `layer new X` where X/patches is a link to a folder elsewhere wrote the manifest there, then
+    load_layer refused the link, saying "nothing was written". Refused first, naming the link; its target untouched."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    folder = tmp_path / "L"
+    (folder / "patches").mkdir(parents=True) if link != "patches" else folder.mkdir()
+    (folder / link).symlink_to(elsewhere if link == "patches" else elsewhere / "series.toml")
+    refused(["layer", "new", folder, "--name", "site"],
+            contains=f"{link} (-> {elsewhere if link == 'patches' else elsewhere / 'series.toml'}) in {folder}; "
+                     "nothing was written")
+    assert not any(elsewhere.iterdir())
+
+
 def test_layer_new_on_a_full_disk_leaves_no_folder_behind(tmp_path, monkeypatch):
     """"nothing was written" over the empty folders it had made (``x/y/patches``) before the manifest failed."""
     from c128patch.series.manifest import Series

@@ -26,7 +26,7 @@ from c128patch.ops.treestate import fault_point, tree_layers
 from c128patch.series import txn
 from c128patch.series.layers import SEP, check_layer_folder, check_layer_name, known_bases, load_layer, stack
 from c128patch.series.manifest import MANIFEST, Entry, Series, load_series
-from c128patch.series.paths import check_entry_name, check_relpath, not_a_file
+from c128patch.series.paths import check_entry_name, check_relpath, confine, not_a_file
 from c128patch.series.plan import sources_at
 from c128patch.series.provenance import PROVENANCE_PATH, applied_layers, read_provenance
 from c128patch.series.trailers import ENTRY_TRAILER
@@ -56,6 +56,8 @@ def new_layer(folder: Path, name: str, series: Series, base: str = "") -> Series
     if name == series.name:  # (every verb refuses such a stack later: say so before writing anything)
         raise C128Error(f"layer new --name {name}: that is the series' own name; a layer needs its own; nothing was "
                         "written")
+    confine(folder, MANIFEST, f"layer new {folder}")  # (a link at patches/: the manifest was written into its target,
+    # then load_layer refused it, "nothing was written", helper 185)
     exists = f"{folder / MANIFEST} exists already: {folder} holds a layer or a series; nothing was written"
     if (folder / MANIFEST).exists():
         raise C128Error(exists)
