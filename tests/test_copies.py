@@ -177,6 +177,31 @@ def test_bisect_prints_a_copys_file_name_holding_a_newline_on_its_own_line(remot
     assert "_x ⏎ forged: the series fits ⏎ .py" in run.text, run.text
 
 
+def test_watchs_report_files_hold_a_subjects_byte_that_is_not_utf8_as_valid_unicode(remote, tmp_path):
+    """Helper 185: an upstream subject holding a byte that is not UTF-8 (0xff): `watch --json` printed it as U+FFFD,
+    but watch-report.json and rebase-report.json under --out held the lone surrogate "\\udcff", which no strict
+    reader takes. The files say it as --json does."""
+    import json
+    import os
+    import subprocess
+
+    ident = {"GIT_AUTHOR_NAME": "u", "GIT_AUTHOR_EMAIL": "u@x.invalid", "GIT_COMMITTER_NAME": "u",
+             "GIT_COMMITTER_EMAIL": "u@x.invalid"}
+    made = subprocess.run(["git", "--git-dir", str(remote.git_dir), "-c", "i18n.commitEncoding=binary",  # (git
+                           "commit-tree", "v0.5.23^{tree}", "-p", "v0.5.23"],  # converts from none: the byte kept)
+                          input=b"bad \xff byte\n", capture_output=True, check=True, env={**os.environ, **ident})
+    commit = made.stdout.decode().strip()
+    wu.set_branch(remote, "not-utf8", commit)
+    out = tmp_path / "out"
+    run = invoke("watch", "--onto", "not-utf8", "--repo", str(remote.git_dir), "--out", str(out), "--series",
+                 str(REPO_ROOT), "--no-run")
+    assert run.code == EXIT["unchecked"], run.err
+    for name in ("watch-report.json", "rebase-report.json"):
+        text = (out / name).read_text()
+        assert "\\udcff" not in text and "bad \\ufffd byte" in text, name
+        json.dumps(json.loads(text), ensure_ascii=False).encode()  # (a lone surrogate: UnicodeEncodeError)
+
+
 def _probe_rejecting_the_marker(root: Path, git: Git, head: str, **kw) -> tuple[bool | None, str]:
     """nvcc as it would answer a header upstream broke: fails where math.cuh holds the marker."""
     broken = b"PROBE_REJECTS" in (git.blob(head, HEADER) or b"")

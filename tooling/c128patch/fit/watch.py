@@ -64,7 +64,7 @@ from c128patch.procs import scratch
 from c128patch.progress import NullReporter, Reporter, echo
 from c128patch.series.layers import layer_folders, layer_rows, stack
 from c128patch.series.manifest import Series, installed, load_series
-from c128patch.textsafe import one_line, shell_quote
+from c128patch.textsafe import decoded, one_line, shell_quote
 from c128patch.upstream import local_repo
 from c128patch.upstream.source import Target, Upstream, open_upstream
 
@@ -491,10 +491,10 @@ class Watch:
                 if report["outcome"] in ("refreshed", "merged"):  # a series to adopt: else no message proposes it
                     (out / "commit-message.txt").write_text(commit_message(report))
             if rebase_json:
-                write_json_atomic(out / "rebase-report.json", rebase_json)
+                write_json_atomic(out / "rebase-report.json", decoded(rebase_json))  # (a byte no UTF-8: U+FFFD)
                 (out / "rebase-report.md").write_text(render_markdown(rebase_json))
             (out / "watch-report.md").write_text(render(report))
-            write_json_atomic(out / REPORT, {**report, "schema": SCHEMA_VERSION})  # as --json prints it
+            write_json_atomic(out / REPORT, decoded({**report, "schema": SCHEMA_VERSION}))  # as --json prints it
         except OSError as exc:
             self._clear()
             raise C128Error(f"cannot write the report under --out {out} ({exc.strerror or exc}); its report files "

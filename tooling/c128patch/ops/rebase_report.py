@@ -15,7 +15,7 @@ from c128patch.ops.conflicts import block_markdown
 from c128patch.ops.equivalence import Equivalence
 from c128patch.ops.merged import commit_diffs
 from c128patch.ops.rebase_journal import Journal, Step
-from c128patch.textsafe import md
+from c128patch.textsafe import decoded, md
 
 
 def report_of(git: Git, journal: Journal, new_head: str | None = None, proof: Equivalence | None = None,
@@ -52,7 +52,8 @@ def range_diff_of(git: Git, journal: Journal, new_head: str) -> list[str]:
 
 
 def write_reports(state: Path, report: dict) -> dict:
-    write_json_atomic(state / "rebase-report.json", report)
+    # a subject's byte that is no UTF-8 (a surrogate): "\udcff" in the file, which no strict reader takes; as --json
+    write_json_atomic(state / "rebase-report.json", decoded(report))
     # renamed into place as the JSON is: write_text went through a link there (~/.bashrc overwritten with the report)
     write_atomic(state / "rebase-report.md", render_markdown(report).encode())
     return report
