@@ -30,6 +30,17 @@ def test_unknown_rev_is_named(sparse_clone: Path, series: Path):
             sparse_clone, "unknown rev 'deadbeef'")
 
 
+@pytest.mark.parametrize("rev", ["^v0.5.23", "^HEAD"])
+def test_a_negative_rev_is_an_unknown_rev_not_a_git_failure(sparse_clone: Path, series: Path, rev: str):
+    """Helper 185: `check --sglang-rev ^v0.5.23 --repo R`: git's rev-parse answers "^<sha>" (a negative rev, exit 0),
+    taken as the commit: a raw "git ls-tree -r ^1310711... failed: fatal: Not a valid object name" per entry and
+    exit 1 ("NOT all apply"). ``Git.rev_parse`` answers a commit id or none: one line, exit 2."""
+    refused(["check", "--sglang-rev", rev, "--repo", str(sparse_clone), "--series", str(series)], sparse_clone,
+            f"unknown rev '{rev}'")
+    refused(["apply", "--sglang-rev", rev, "--repo", str(sparse_clone), "--series", str(series)], sparse_clone,
+            f"unknown rev '{rev}'")
+
+
 def test_a_release_version_without_its_v_is_named_with_its_tag(sparse_clone: Path, series: Path):
     refused(["apply", "--sglang-rev", "0.5.23", "--series", str(series)], None,
             "unknown rev '0.5.23' in the sglang release wheels (the release source knows v0.5.")

@@ -617,7 +617,9 @@ class Git:
         if rev.startswith("-"):  # never an option to git
             return None
         proc = self.run("rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}", check=False)
-        return proc.stdout.strip() or None if proc.returncode == 0 else None
+        sha = proc.stdout.strip() if proc.returncode == 0 else ""
+        # ("^v0.5.23" is "^<sha>" to git, a negative rev: a raw `git ls-tree` failure later, helper 185)
+        return sha if re.fullmatch(r"[0-9a-f]{40}(?:[0-9a-f]{24})?", sha) else None
 
     def current_branch(self) -> str | None:
         return self.out("symbolic-ref", "--quiet", "--short", "HEAD", check=False) or None
