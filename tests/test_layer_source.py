@@ -100,6 +100,19 @@ def test_an_empty_env_switches_the_configs_layers_off_and_says_so(tmp_path, monk
     assert invoke("gates").out["layers_in_effect"]["from"] == str(tmp_path / CONFIG)
 
 
+def test_a_config_naming_no_layer_says_so_naming_it(tmp_path, monkeypatch):
+    """Helper 185: a c128patch.toml with ``paths = []`` switches a tree's provenance layers off (it is given, so it
+    wins), but no verb said so (the empty env's line is said), --json carried no ``layers_in_effect``, and `status`
+    said the layers in effect came "from nowhere" (it reads the origin said here). Said on stderr and in --json."""
+    (tmp_path / CONFIG).write_text("[layers]\npaths = []\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(ENV, raising=False)
+    res = invoke("gates", as_json=False)
+    assert res.code == 0, res.err
+    assert f"layers: none ({tmp_path / CONFIG} names none" in res.err, res.err
+    assert invoke("gates").out["layers_in_effect"] == {"from": str(tmp_path / CONFIG), "layers": []}
+
+
 def test_verify_wheel_with_layer_says_the_layers_in_effect_in_its_json(tmp_path):
     """Helper 148: `verify-wheel --layer DIR --json` (its report and its error object) carried no `layers_in_effect`,
     where every other verb that reads a series says the layers it used."""

@@ -193,6 +193,11 @@ def load_stack(run: Run, series_dir: Path | None, layer_dirs: tuple[Path, ...], 
         if not run.as_json:
             click.echo(f"layers: none (${ENV} is set and empty; unset it to take c128patch.toml's or the tree's)",
                        err=True)
+    elif origin and origin != "--layer":  # a c128patch.toml naming none (paths = []): said, as the env's empty is
+        series.origin = origin  # (status said "from nowhere", and no verb said the tree's layers were not taken)
+        if not run.as_json:
+            click.echo(one_line(f"layers: none ({origin} names none; name some there, or remove it to take the "
+                                "tree's)"), err=True)
     return series
 
 
