@@ -136,6 +136,25 @@ def test_a_symlink_git_does_not_track_is_seen_before_any_write(tree, series, tmp
     assert list(outside.iterdir()) == []
 
 
+def test_check_refuses_an_overlay_through_an_upstream_symlink_as_apply_does(tree, series, tmp_path):
+    """Helper 185: upstream commits a symlink ``python/sglang/lnk`` (to a folder outside); an overlay targets a file
+    under it. apply refused it ("goes through the symlink ... upstream"), but check said "apply: applies" there:
+    its replay checked the patches' paths for links, not the overlays'. check now says apply's refusal."""
+    git = Git(worktree=tree)
+    (tree / "python" / "sglang" / "lnk").symlink_to(tmp_path)
+    git.run("add", "python/sglang/lnk")
+    git.run("-c", "user.name=u", "-c", "user.email=u@x.invalid", "commit", "-qm", "a link")
+    git.run("tag", "linked")
+    retarget(series, "python/sglang/lnk/x.py")
+    res = invoke("check", "--sglang-rev", "linked", "--repo", tree, "--series", series)
+    assert res.code == 1, res.err
+    [rev] = res.out["revs"]
+    assert rev["apply"]["exit"] == 2 and "python/sglang/lnk/x.py goes through the symlink python/sglang/lnk" in \
+        rev["apply"]["detail"], rev
+    refused(["apply", "--sglang-rev", "linked", "--repo", tree, "--series", series], tree,
+            "python/sglang/lnk/x.py goes through the symlink python/sglang/lnk upstream")
+
+
 def test_the_destination_is_resolved_in_the_tree_as_it_is_when_written(tree, tmp_path):
     """The last guard, at the write itself: a symlink that appeared after planning (a folder on the way
     or the file itself) is refused, and so is a path that resolves outside."""

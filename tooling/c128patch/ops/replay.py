@@ -50,6 +50,7 @@ from c128patch.series.plan import (
     plain_patch,
     plain_paths,
     plan,
+    refuse_symlinks_at,
     write_blobs,
     written_blob,
 )
@@ -592,9 +593,10 @@ def replay_in_index(series: Series, git: Git, rev: str, commit: str, index_file:
     try:
         planned = plan(series, git, commit) if planned is None else planned
         present = check_paths_at(git, commit, [p for p in planned if p.patch is not None])
-        targets = [p.entry.target for p in planned if p.patch is None]
-        present |= set(git.out("ls-tree", "-r", "--name-only", commit, "--",
-                               *targets).splitlines()) if targets else set()
+        overlays = [p for p in planned if p.patch is None]
+        # an overlay through an upstream symlink: apply refuses it, check said "applies" (helper 185); one ls-tree
+        kinds = refuse_symlinks_at(git, commit, overlays)
+        present |= {t for t in (p.entry.target for p in overlays) if kinds.get(t, "040000") != "040000"}
         merged = {e.name: e for e in merged_entries(series, git, commit)}
     except C128Error as exc:
         result.ok, result.error = False, exc.message
