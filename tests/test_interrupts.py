@@ -96,30 +96,6 @@ def test_ctrl_c_to_the_group_of_a_background_apply_that_ignores_it_never_reaches
     assert invoke("status", "--tree", tree, "--series", series).out["equals_series"] is True
 
 
-def test_an_interrupted_tool_lets_its_git_remove_its_own_lock_files(tmp_path):
-    """Helper 186: git runs in a process group of its own, so Ctrl-C no longer reaches it; ended by the tool with
-    SIGKILL it could not remove its index.lock (a `git status` takes one in the user's tree). It is sent SIGTERM
-    first: a git that sleeps stands in, trapping SIGTERM as git's own handler does."""
-    bin_ = tmp_path / "bin"
-    bin_.mkdir()
-    real = subprocess.run(["sh", "-c", "command -v git"], capture_output=True, text=True).stdout.strip()
-    (bin_ / "git").write_text(f'#!/bin/sh\ncase " $* " in *" status "*) trap "echo cleaned > {tmp_path}/cleaned; '
-                              f'exit 143" TERM; echo $$ > "{tmp_path}/pid"; sleep 30 & wait; exit 0;; esac\n'
-                              f'exec {real} "$@"\n')
-    (bin_ / "git").chmod(0o755)
-    subprocess.run([real, "init", "-q", str(tmp_path / "repo")], check=True)
-    code = (f"from pathlib import Path; from c128patch.git import Git; Git(Path({str(tmp_path / 'repo')!r}))"
-            ".run('status')")
-    tool = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}"},
-                            stderr=subprocess.PIPE, text=True, preexec_fn=default_signals, start_new_session=True)
-    deadline = time.monotonic() + 20
-    while not (tmp_path / "pid").exists() and tool.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    tool.send_signal(signal.SIGINT)
-    _, err = tool.communicate(timeout=30)
-    assert "KeyboardInterrupt" in err and (tmp_path / "cleaned").exists(), err
-
-
 def test_sigterm_during_apply_says_its_signal_and_exits_with_it(sglang_release_repo, tmp_path):
     """Past the clone the apply journal is kept to resume: the line names SIGTERM and the exit is 143, not
     Ctrl-C's 130."""

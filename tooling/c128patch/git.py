@@ -481,8 +481,11 @@ class Git:
         try:
             if timeout is None:
                 argv = procs.dying(cmd, env) if args[:1] and args[0] in _LONG else cmd
-                proc = _untimed(argv, cwd=self.cwd, env=env, input=input, text=not binary,
-                                errors=None if binary else "surrogateescape")  # bytes that are not UTF-8: kept
+                # its own process group: a signal to ours (Ctrl-C, a hangup) is the tool's to take or ignore; git's
+                # handler, over an ignored SIGINT, dropped its index.lock and wrote on: "Bad file descriptor"
+                proc = subprocess.run(argv, cwd=self.cwd, env=env, input=input, capture_output=True, text=not binary,
+                                      errors=None if binary else "surrogateescape",  # bytes that are not UTF-8: kept
+                                      start_new_session=True)
                 proc.args = cmd
             else:  # git and its helpers end together past ``timeout``, on an interrupt, or (contained) when we die
                 proc = procs.run(cmd, timeout, input=input, text=not binary, cwd=self.cwd, env=env, contained=True)
@@ -641,24 +644,6 @@ class Git:
     def blob(self, rev: str, path: str) -> bytes | None:
         proc = self.run("cat-file", "blob", f"{rev}:{path}", check=False, binary=True)
         return proc.stdout if proc.returncode == 0 else None
-
-
-def _untimed(argv: list[str], input=None, **kw) -> subprocess.CompletedProcess:
-    """``argv`` run to its end in a process group of its own: a signal to ours (Ctrl-C, a hangup) is the tool's to
-    take or ignore (git's handler, over an ignored SIGINT, dropped its index.lock and wrote on: "Bad file
-    descriptor"). Interrupted, git is sent SIGTERM, so that it removes its lock files, then killed past 2 s."""
-    with subprocess.Popen(argv, stdin=subprocess.PIPE if input is not None else None,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, **kw) as proc:
-        try:
-            out, err = proc.communicate(input)
-        except BaseException:
-            proc.terminate()
-            try:
-                proc.wait(2)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-            raise
-    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
 def _starved(proc: subprocess.CompletedProcess) -> bool:
