@@ -66,36 +66,6 @@ def test_sigterm_to_apply_alone_mid_clone_leaves_no_half_clone(sglang_release_re
     assert "c128patch: interrupted (SIGTERM): no outcome" in proc.stderr and not tree.exists(), proc.stderr
 
 
-def _interrupts_ignored() -> None:
-    """``preexec_fn``: as a shell without job control starts ``c128patch ... &`` (SIGINT ignored)."""
-    default_signals()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-def test_ctrl_c_to_the_group_of_a_background_apply_that_ignores_it_never_reaches_its_git(sglang_release_repo,
-                                                                                         tmp_path):
-    """Helper 186 (a): ``c128patch watch ... &`` from a script, then Ctrl-C (SIGINT to the whole process group): the
-    tool ignores it as the shell set, but its git shared the group, and git's own handler dropped its lock files and
-    wrote on: "index.lock write error: Bad file descriptor", reported as `failed`. Every git runs in a group of its
-    own now; a hook (the tests' fault folder) records git's group and the tool's, then sends SIGINT to the tool's."""
-    series, tree = copy_series(tmp_path / "series"), tmp_path / "tree"
-    hooks, seen = tmp_path / "hooks", tmp_path / "seen"
-    hooks.mkdir()
-    (hooks / "reference-transaction").write_text(
-        '#!/bin/sh\n[ "$1" = prepared ] || exit 0\ntool=$(ps -o ppid= $PPID | tr -d " ")\n'
-        f'echo "$(ps -o pgid= $PPID | tr -d " ") $(ps -o pgid= $tool | tr -d " ")" >> {seen}\n'
-        'kill -INT -$(ps -o pgid= $tool | tr -d " ") || exit 0\nsleep 0.3\n')
-    (hooks / "reference-transaction").chmod(0o755)
-    proc = subprocess.run([sys.executable, "-m", "c128patch", "apply", "--sglang-rev", "v0.5.23", "--tree", str(tree),
-                           "--series", str(series)], env={**os.environ, FAULT_HOOKS_ENV: str(hooks)},
-                          capture_output=True, text=True, timeout=300, preexec_fn=_interrupts_ignored,
-                          start_new_session=True)
-    groups = [line.split() for line in seen.read_text().splitlines()]
-    assert groups and all(git != tool for git, tool in groups), groups
-    assert proc.returncode == 0 and "Bad file descriptor" not in proc.stderr, (proc.returncode, proc.stderr)
-    assert invoke("status", "--tree", tree, "--series", series).out["equals_series"] is True
-
-
 def test_sigterm_during_apply_says_its_signal_and_exits_with_it(sglang_release_repo, tmp_path):
     """Past the clone the apply journal is kept to resume: the line names SIGTERM and the exit is 143, not
     Ctrl-C's 130."""

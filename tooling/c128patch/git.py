@@ -481,11 +481,8 @@ class Git:
         try:
             if timeout is None:
                 argv = procs.dying(cmd, env) if args[:1] and args[0] in _LONG else cmd
-                # its own process group: a signal to ours (Ctrl-C, a hangup) is the tool's to take or ignore; git's
-                # handler, over an ignored SIGINT, dropped its index.lock and wrote on: "Bad file descriptor"
                 proc = subprocess.run(argv, cwd=self.cwd, env=env, input=input, capture_output=True, text=not binary,
-                                      errors=None if binary else "surrogateescape",  # bytes that are not UTF-8: kept
-                                      start_new_session=True)
+                                      errors=None if binary else "surrogateescape")  # bytes that are not UTF-8: kept
                 proc.args = cmd
             else:  # git and its helpers end together past ``timeout``, on an interrupt, or (contained) when we die
                 proc = procs.run(cmd, timeout, input=input, text=not binary, cwd=self.cwd, env=env, contained=True)
@@ -504,7 +501,7 @@ class Git:
             path = dubious.group(1)
             # the operator's own config may trust it (safe.directory in their global config)
             probe = subprocess.run([git_executable(), "rev-parse", "--git-dir"], cwd=self.cwd, capture_output=True,
-                                   env=self._base_env(transport=True), start_new_session=True)
+                                   env=self._base_env(transport=True))
             if probe.returncode != 0:
                 raise C128Error(f"git refuses {path}: it is owned by another user (git's safe.directory check: "
                                 "\"detected dubious ownership\"); if you trust it, run: "
@@ -612,7 +609,7 @@ class Git:
     def operator_hooks_dir(self) -> Path | None:
         """The folder the operator's own git runs this repository's hooks from (the tool's calls run none)."""
         proc = subprocess.run([git_executable(), "rev-parse", "--git-path", "hooks"], cwd=self.cwd, capture_output=True,
-                              text=True, env=self._base_env(transport=True), start_new_session=True)
+                              text=True, env=self._base_env(transport=True))
         return self.cwd / proc.stdout.strip() if proc.returncode == 0 and proc.stdout.strip() else None
 
     # --- queries -------------------------------------------------------------
@@ -794,7 +791,7 @@ def user_can_commit(tree: Path) -> bool:
     """Has git, as the user runs it in ``tree``, an identity to commit with (a printed command must work)?"""
     try:
         proc = subprocess.run([git_executable(), "-C", str(tree), "var", "GIT_COMMITTER_IDENT"], capture_output=True,
-                              env={**os.environ, "GIT_TERMINAL_PROMPT": "0"}, timeout=30, start_new_session=True)
+                              env={**os.environ, "GIT_TERMINAL_PROMPT": "0"}, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return False
     return proc.returncode == 0
