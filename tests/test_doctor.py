@@ -534,6 +534,7 @@ def test_a_hanging_environ_py_is_said_while_doctor_waits_with_its_bound(patched_
     from c128patch import progress
 
     monkeypatch.setattr(serving, "INSTALL_TIMEOUT", 3)
+    monkeypatch.setattr(serving, "TIMEOUT", 4)  # (sglang's import reads environ.py too: it waited the whole 300 s)
     monkeypatch.setattr(progress, "BEAT", 0.5)
     target = _installed(patched_python, "sglang") / "srt" / "environ.py"
     original = target.read_bytes()
@@ -545,6 +546,7 @@ def test_a_hanging_environ_py_is_said_while_doctor_waits_with_its_bound(patched_
     assert res.code == 1, res.err
     assert "reading sglang's environ.py and startup rules in a child (at most 3 s): " in res.err, res.err
     assert "did not finish in 3 s" in res.text, res.text
+    assert "importing sglang in " in res.err and "(at most 4 s)" in res.err, res.err
 
 
 def test_doctor_reports_the_series_startup_rules_line_for_line(patched_python: Path):
