@@ -20,6 +20,7 @@ import threading
 import time
 import zipfile
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 import tomli_w
@@ -1903,18 +1904,24 @@ def test_a_release_wheels_member_names_are_confined_before_they_reach_the_histor
     assert refs == "", refs
 
 
-@pytest.mark.timeout(120)  # unbounded, it would hang: fail instead
-def test_check_on_a_server_that_never_answers_ends_in_time(tmp_path):
+@contextlib.contextmanager
+def silent_server() -> Iterator[str]:
+    """The URL of a server that accepts and never answers."""
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
-    server.listen(8)  # accepts, never answers
-    url = f"http://127.0.0.1:{server.getsockname()[1]}/sglang.git"
-    start = time.monotonic()
+    server.listen(8)
     try:
-        res = invoke("check", "--repo", url, "--sglang-rev", "main", as_json=False,
-                     env={"C128PATCH_NET_TIMEOUT": "3", "C128PATCH_CACHE": str(tmp_path / "cache")})
+        yield f"http://127.0.0.1:{server.getsockname()[1]}/sglang.git"
     finally:
         server.close()
+
+
+@pytest.mark.timeout(120)  # unbounded, it would hang: fail instead
+def test_check_on_a_server_that_never_answers_ends_in_time(tmp_path):
+    with silent_server() as url:
+        start = time.monotonic()
+        res = invoke("check", "--repo", url, "--sglang-rev", "main", as_json=False,
+                     env={"C128PATCH_NET_TIMEOUT": "3", "C128PATCH_CACHE": str(tmp_path / "cache")})
     assert res.code == 2 and "no answer within 3 s" in res.err, res.err
     assert time.monotonic() - start < 60
 
@@ -1926,12 +1933,8 @@ def test_an_http_clone_that_receives_nothing_ends_at_the_stall_bound_not_the_who
     from c128patch.upstream import source
 
     monkeypatch.setattr(source, "STALL", 2)
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(8)  # accepts, never answers
-    url = f"http://127.0.0.1:{server.getsockname()[1]}/sglang.git"
-    start = time.monotonic()
-    try:
+    with silent_server() as url:
+        start = time.monotonic()
         res = invoke("check", "--repo", url, "--sglang-rev", "main", as_json=False,
                      env={"C128PATCH_NET_TIMEOUT": "60", "C128PATCH_CACHE": str(tmp_path / "cache")})
         assert time.monotonic() - start < 30
@@ -1945,8 +1948,6 @@ def test_an_http_clone_that_receives_nothing_ends_at_the_stall_bound_not_the_who
                      env={"C128PATCH_NET_TIMEOUT": "4", "GIT_HTTP_LOW_SPEED_TIME": "600",
                           "C128PATCH_CACHE": str(tmp_path / "cache")})
         assert res.code == 2 and "no answer within 4 s" in res.err, res.err
-    finally:
-        server.close()
 
 
 def _trickle(server: socket.socket) -> None:
