@@ -2726,23 +2726,30 @@ def test_status_never_reads_an_overlay_target_bigger_than_any_overlay(tmp_path, 
     assert {"entry": "c128-dspark-record-streams-helper", "files": {target: "modified"}} in run.out["drift"], run.out
 
 
+def damaged_cache_copy(release_repo: Path, tmp_path: Path, spots, junk: bytes) -> Path:
+    """A copy of the release cache (``tmp_path/cache``) whose packs have ``junk`` written at ``spots(size)``."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    root = cache / release_repo.name
+    shutil.copytree(release_repo, root)
+    (cache / "wheels").symlink_to(release_repo.parent / "wheels")
+    for pack in (root / "objects" / "pack").glob("*.pack"):
+        pack.chmod(0o644)
+        with open(pack, "r+b") as f:
+            for at in spots(pack.stat().st_size):
+                f.seek(at)
+                f.write(junk)
+    return root
+
+
 def test_a_pack_of_the_release_cache_damaged_past_its_refs_is_one_line_saying_how_to_rebuild(sglang_release_repo,
                                                                                             tmp_path, monkeypatch):
     """h133: bytes of the release history's pack damaged where no tag or commit lies (a disk error, a bad copy): the
     cache's check reads refs and commits only, so `apply` cloned it and failed at the checkout with git's "inflate:
     data stream error", the clone removed, never naming the cache nor how to rebuild it."""
-    cache = tmp_path / "cache"
-    cache.mkdir()
-    root = cache / sglang_release_repo.name
-    shutil.copytree(sglang_release_repo, root)
-    (cache / "wheels").symlink_to(sglang_release_repo.parent / "wheels")
-    for pack in (root / "objects" / "pack").glob("*.pack"):
-        pack.chmod(0o644)
-        with open(pack, "r+b") as f:
-            for at in range(pack.stat().st_size // 3, pack.stat().st_size // 3 + 50 * 4096, 4096):
-                f.seek(at)
-                f.write(b"\xde\xad\xbe\xef" * 4)
-    monkeypatch.setenv("C128PATCH_CACHE", str(cache))
+    root = damaged_cache_copy(sglang_release_repo, tmp_path, lambda size: range(size // 3, size // 3 + 50 * 4096, 4096),
+                              b"\xde\xad\xbe\xef" * 4)
+    monkeypatch.setenv("C128PATCH_CACHE", str(root.parent))
     line = refused(["apply", "--sglang-rev", "v0.5.23", "--tree", tmp_path / "t"],
                    contains=f"the release cache {root} is damaged: rebuild it: rm -rf {root}")
     assert not (tmp_path / "t").exists(), line
@@ -2752,18 +2759,10 @@ def test_check_on_a_release_cache_pack_damaged_past_its_refs_says_the_cache_and_
                                                                                                 tmp_path, monkeypatch):
     """Helper 187: the same damage as above made `check` say only git's "git cat-file blob ... failed: error: inflate:
     data stream error", naming neither the cache nor the fix (`apply` said both)."""
-    cache = tmp_path / "cache"
-    cache.mkdir()
-    root = cache / sglang_release_repo.name
-    shutil.copytree(sglang_release_repo, root)
-    (cache / "wheels").symlink_to(sglang_release_repo.parent / "wheels")
-    for pack in (root / "objects" / "pack").glob("*.pack"):
-        pack.chmod(0o644)
-        with open(pack, "r+b") as f:  # (every 256 KiB past the first MiB: the blobs check reads are somewhere there)
-            for at in range(1 << 20, pack.stat().st_size - 4096, 1 << 18):
-                f.seek(at)
-                f.write(b"\xde\xad\xbe\xef" * 16)
-    monkeypatch.setenv("C128PATCH_CACHE", str(cache))
+    # (every 256 KiB past the first MiB: the blobs check reads are somewhere there)
+    root = damaged_cache_copy(sglang_release_repo, tmp_path, lambda size: range(1 << 20, size - 4096, 1 << 18),
+                              b"\xde\xad\xbe\xef" * 16)
+    monkeypatch.setenv("C128PATCH_CACHE", str(root.parent))
     refused(["check", "--sglang-rev", "v0.5.23"],
             contains=f"the release cache {root} is damaged: rebuild it: rm -rf {root}")
 
